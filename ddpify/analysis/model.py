@@ -1,0 +1,115 @@
+"""The script model: facts about a training script, collected during the one visit.
+
+Rules and migration passes ask the model instead of re-deriving facts, so "which names
+hold the DDP-wrapped model" or "is a process group ever initialised" is decided in one
+place. Collection happens node by node, before the rules see the node; whole-file
+questions are therefore answered in the rules' `leave_Module`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import libcst as cst
+
+from ddpify.analysis.names import ImportMap, dotted, identifiers, method_name
+
+# Frameworks that own process-group set-up, sampling and rank-0 I/O themselves.
+FRAMEWORKS = {
+    "accelerate": "Accelerate",
+    "lightning": "Lightning",
+    "pytorch_lightning": "PyTorch Lightning",
+    "lightning_fabric": "Lightning Fabric",
+    "deepspeed": "DeepSpeed",
+    "horovod": "Horovod",
+    "ignite": "PyTorch Ignite",
+    "composer": "Composer",
+}
+
+
+def unwrap_call_chain(expr: cst.BaseExpression) -> cst.Call | None:
+    """The innermost constructor call of `Foo(...).to(dev).cuda()`, else `expr` if a call."""
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and isinstance(expr.func.value, cst.Call)
+    ):
+        expr = expr.func.value
+    return expr if isinstance(expr, cst.Call) else None
+
+
+class ScriptModel:
+    def __init__(self, imports: ImportMap) -> None:
+        self.imports = imports
+        self.calls: dict[str, list[cst.Call]] = defaultdict(list)
+        self.method_calls: dict[str, list[cst.Call]] = defaultdict(list)
+        # `target` as written (`model`, `self.model`) -> the values assigned to it.
+        self.bindings: dict[str, list[cst.BaseExpression]] = defaultdict(list)
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.for_loops: list[cst.For] = []
+
+    # -- collection, driven by the engine ------------------------------------------
+
+    def visit(self, node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Call):
+            name = self.imports.qualify(node.func)
+            if name is not None:
+                self.calls[name].append(node)
+            method = method_name(node)
+            if method is not None:
+                self.method_calls[method].append(node)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            self.imports.add(node)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                self._bind(target.target, node.value)
+        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+            self._bind(node.target, node.value)
+        elif isinstance(node, cst.FunctionDef):
+            self.functions.setdefault(node.name.value, node)
+        elif isinstance(node, cst.For):
+            self.for_loops.append(node)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        name = dotted(target)
+        if name is not None:
+            self.bindings[name].append(value)
+        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+            for t, v in zip(target.elements, value.elements):
+                self._bind(t.value, v.value)
+
+    # -- questions -------------------------------------------------------------------
+
+    @property
+    def framework(self) -> str | None:
+        """The distributed framework the script delegates to, if any."""
+        for module, label in FRAMEWORKS.items():
+            if self.imports.imports_any(module):
+                return label
+        return None
+
+    def calls_to(self, *names: str) -> list[cst.Call]:
+        return [call for name in names for call in self.calls.get(name, ())]
+
+    def calls_any(self, *names: str) -> bool:
+        return any(self.calls.get(name) for name in names)
+
+    def names_bound_to(self, *callees: str) -> set[str]:
+        """Targets assigned from a call to one of `callees` (through `.to()` chains too)."""
+        found = set()
+        for target, values in self.bindings.items():
+            for value in values:
+                call = unwrap_call_chain(value)
+                if call is not None and self.imports.qualify(call.func) in callees:
+                    found.add(target)
+        return found
+
+    def epoch_loops(self) -> list[cst.For]:
+        """`for` loops over epochs: the target or the iterable names an epoch."""
+        return [loop for loop in self.for_loops if _mentions_epoch(loop)]
+
+
+def _mentions_epoch(loop: cst.For) -> bool:
+    names: Iterable[str] = identifiers(loop.target) + identifiers(loop.iter)
+    return any("epoch" in name.lower() for name in names)

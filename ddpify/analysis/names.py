@@ -1,0 +1,133 @@
+"""Qualified names from an import-alias map built during the one visit.
+
+libcst's QualifiedNameProvider runs full scope analysis, about ten times the cost of
+parsing; training scripts bind torch names through plain imports, so a map of
+`local name -> dotted path` answers the same question for a fraction of the price.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+# Public aliases that name the same object; keys are rewritten to values.
+CANONICAL = {
+    "torch.nn.parallel.distributed.DistributedDataParallel": (
+        "torch.nn.parallel.DistributedDataParallel"
+    ),
+    "torch.nn.DataParallel": "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel": "torch.nn.parallel.DataParallel",
+    "torch.utils.data.distributed.DistributedSampler": "torch.utils.data.DistributedSampler",
+    "torch.utils.data.dataloader.DataLoader": "torch.utils.data.DataLoader",
+    "torch.nn.modules.batchnorm.SyncBatchNorm": "torch.nn.SyncBatchNorm",
+    "torch.distributed.distributed_c10d.init_process_group": "torch.distributed.init_process_group",
+    "torch.cuda.amp.autocast_mode.autocast": "torch.cuda.amp.autocast",
+    "torch.cuda.amp.grad_scaler.GradScaler": "torch.cuda.amp.GradScaler",
+    "torch.nn.utils.clip_grad.clip_grad_norm_": "torch.nn.utils.clip_grad_norm_",
+}
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, None for anything else."""
+    parts = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    parts.append(node.value)
+    return ".".join(reversed(parts))
+
+
+def _module_path(node: cst.BaseExpression | None) -> str | None:
+    return dotted(node) if node is not None else None
+
+
+class ImportMap:
+    """Local names bound by import statements, mapped to fully qualified names."""
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+        self.modules: set[str] = set()
+
+    def add(self, node: cst.Import | cst.ImportFrom) -> None:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = _module_path(alias.name)
+                if full is None:
+                    continue
+                self.modules.add(full)
+                if alias.asname is not None:
+                    local = dotted(alias.asname.name)  # type: ignore[arg-type]
+                    if local:
+                        self.aliases[local] = full
+                else:
+                    top = full.split(".")[0]
+                    self.aliases[top] = top
+            return
+        if node.relative or node.module is None:
+            return
+        module = _module_path(node.module)
+        if module is None:
+            return
+        self.modules.add(module)
+        if isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            name = alias.name.value if isinstance(alias.name, cst.Name) else None
+            if name is None:
+                continue
+            local = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self.aliases[local] = f"{module}.{name}"
+
+    def qualify(self, node: cst.BaseExpression) -> str | None:
+        """The canonical dotted name `node` refers to, or None if it is not imported."""
+        path = dotted(node)
+        if path is None:
+            return None
+        head, _, rest = path.partition(".")
+        base = self.aliases.get(head)
+        if base is None:
+            return None
+        full = f"{base}.{rest}" if rest else base
+        return CANONICAL.get(full, full)
+
+    def imports_any(self, *prefixes: str) -> bool:
+        return any(
+            module == prefix or module.startswith(prefix + ".")
+            for module in self.modules
+            for prefix in prefixes
+        )
+
+
+def call_name(call: cst.Call, imports: ImportMap) -> str | None:
+    return imports.qualify(call.func)
+
+
+def method_name(call: cst.Call) -> str | None:
+    """`set_epoch` for `x.y.set_epoch(...)`; None when the callee is not an attribute."""
+    return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+
+
+def find_arg(call: cst.Call, keyword: str, position: int | None = None) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    if position is not None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if position < len(positional):
+            return positional[position]
+    return None
+
+
+def identifiers(node: cst.CSTNode) -> list[str]:
+    """Every Name and attribute identifier in `node`, in source order."""
+    found: list[str] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.append(n.value)
+
+    node.visit(_Collect())
+    return found

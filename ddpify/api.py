@@ -1,0 +1,116 @@
+"""The library entry points the CLI, the language server and tests share."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ddpify.diagnostics import Diagnostic, Severity
+from ddpify.engine import FileResult, check_bytes
+from ddpify.files import iter_python_files
+from ddpify.rules import RULES_BY_CODE
+from ddpify.rules.base import Rule
+
+# Below this many files, starting worker processes costs more than it saves.
+PARALLEL_THRESHOLD = 24
+
+
+@dataclass
+class CheckReport:
+    results: list[FileResult] = field(default_factory=list)
+    # Paths that could not be checked at all (missing, unreadable): shown as errors.
+    path_errors: list[str] = field(default_factory=list)
+    # Directories given on the command line that held no Python file.
+    empty_dirs: list[str] = field(default_factory=list)
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        return [d for result in self.results for d in result.diagnostics]
+
+    @property
+    def files_checked(self) -> int:
+        return len(self.results)
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for d in self.diagnostics if d.severity is severity)
+
+    @property
+    def failed(self) -> bool:
+        return any(d.fails for d in self.diagnostics)
+
+
+def check_source(text: str, filename: str, rules: Sequence[type[Rule]]) -> list[Diagnostic]:
+    """Lint source text (an editor buffer, stdin); never skipped for lack of `torch`."""
+    return check_bytes(text.encode("utf-8"), filename, rules).diagnostics
+
+
+def collect_files(
+    paths: Iterable[str], exclude: Sequence[str] = ()
+) -> tuple[list[Path], list[str], list[str]]:
+    """Expand paths to Python files; return (files, path errors, empty directories)."""
+    files: list[Path] = []
+    errors: list[str] = []
+    empty: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = list(iter_python_files(path, exclude))
+            if not found:
+                empty.append(raw)
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        elif path.exists() or path.is_symlink():
+            errors.append(f"{raw}: not a regular file or directory")
+        else:
+            errors.append(f"{raw}: no such file or directory")
+    unique = list(dict.fromkeys(files))
+    return unique, errors, empty
+
+
+def _check_file(path: Path, codes: Sequence[str]) -> FileResult:
+    rules = [RULES_BY_CODE[code] for code in codes]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        from ddpify.engine import parse_error
+
+        reason = exc.strerror or str(exc)
+        return FileResult(str(path), [parse_error(str(path), f"cannot read file: {reason}")])
+    return check_bytes(data, str(path), rules)
+
+
+def _check_file_star(args: tuple[Path, Sequence[str]]) -> FileResult:
+    return _check_file(*args)
+
+
+def check_paths(
+    paths: Iterable[str],
+    rules: Sequence[type[Rule]],
+    *,
+    exclude: Sequence[str] = (),
+    jobs: int | None = None,
+    on_file: Callable[[FileResult], None] | None = None,
+) -> CheckReport:
+    files, errors, empty = collect_files(paths, exclude)
+    report = CheckReport(path_errors=errors, empty_dirs=empty)
+    codes = [rule.CODE for rule in rules]
+    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    if jobs > 1 and len(files) >= PARALLEL_THRESHOLD:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = pool.map(_check_file_star, [(f, codes) for f in files], chunksize=8)
+            for result in results:
+                report.results.append(result)
+                if on_file:
+                    on_file(result)
+    else:
+        for file in files:
+            result = _check_file(file, codes)
+            report.results.append(result)
+            if on_file:
+                on_file(result)
+    return report

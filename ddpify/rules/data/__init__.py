@@ -1,0 +1,3 @@
+from ddpify.rules.base import Rule
+
+RULES: list[type[Rule]] = []

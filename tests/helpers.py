@@ -1,0 +1,24 @@
+"""Shared test helpers: lint source text and format findings as fixture lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpify.diagnostics import Diagnostic
+from ddpify.engine import check_source
+from ddpify.rules import select_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def lint(source: str, select: list[str] | None = None, filename: str = "t.py") -> list[Diagnostic]:
+    return check_source(source, filename, select_rules(select), force=True).diagnostics
+
+
+def fixture_line(d: Diagnostic) -> str:
+    return f"{d.location.row}:{d.location.column} {d.code} {d.message}"
+
+
+def codes(source: str, select: list[str] | None = None) -> list[str]:
+    return [d.code for d in lint(source, select)]
