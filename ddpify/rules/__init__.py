@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-
 from ddpify.rules import (
     data,
     dataparallel,
