@@ -22,3 +22,10 @@ def fixture_line(d: Diagnostic) -> str:
 
 def codes(source: str, select: list[str] | None = None) -> list[str]:
     return [d.code for d in lint(source, select)]
+
+
+def fix(source: str, select: list[str], unsafe: bool = False) -> str:
+    """The source after one round of the selected rules' fixes."""
+    from ddpify.fixes import apply_fixes
+
+    return apply_fixes(source, lint(source, select), unsafe=unsafe)
