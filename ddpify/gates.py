@@ -1,0 +1,44 @@
+"""Safety gates every rewrite passes before anything is written (migrate and --fix alike).
+
+A failed gate raises GateError naming the pass that produced the bad output; callers
+then write nothing and report the error.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import libcst as cst
+
+
+class GateError(Exception):
+    def __init__(self, pass_name: str, reason: str) -> None:
+        super().__init__(f"{pass_name}: {reason}")
+        self.pass_name = pass_name
+        self.reason = reason
+
+
+def check_roundtrip(text: str) -> cst.Module:
+    """The input must come back from libcst byte for byte, or we must not touch it."""
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise GateError("parse", f"input does not parse: {exc.message}") from None
+    if module.code != text:
+        raise GateError("parse", "input does not round-trip through libcst unchanged")
+    return module
+
+
+def check_compiles(text: str, pass_name: str, filename: str = "<output>") -> None:
+    try:
+        cst.parse_module(text)
+        compile(text, filename, "exec", dont_inherit=True)
+    except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
+        raise GateError(pass_name, f"output does not compile: {exc}") from None
+
+
+def check_idempotent(transform: Callable[[str], str], output: str, pass_name: str) -> None:
+    """Running the rewrite again on its own output must change nothing."""
+    again = transform(output)
+    if again != output:
+        raise GateError(pass_name, "not idempotent: a second run changes the output again")
