@@ -20,9 +20,7 @@ from ddpify.rules.base import Report, Rule
 PARSE_ERROR_CODE = "DDP000"
 PARSE_ERROR_NAME = "syntax-error"
 
-_NOQA = re.compile(
-    r"#\s*noqa(?P<codes>:\s*[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)?", re.IGNORECASE
-)
+_NOQA = re.compile(r"#\s*noqa(?P<codes>:\s*[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)?", re.IGNORECASE)
 
 
 class Context:
@@ -113,10 +111,22 @@ def parse(text: str, filename: str) -> cst.Module | Diagnostic:
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
-        message = f"cannot parse: {exc.message}"
-        return parse_error(filename, message, exc.raw_line, exc.raw_column + 1)
+        return _syntax_error(text, filename, exc)
     except (RecursionError, MemoryError, ValueError) as exc:
         return parse_error(filename, f"cannot parse: {type(exc).__name__}: {exc}")
+
+
+def _syntax_error(text: str, filename: str, exc: cst.ParserSyntaxError) -> Diagnostic:
+    """Prefer CPython's message and position: libcst's often point past the real error."""
+    try:
+        compile(text, filename, "exec", dont_inherit=True)
+    except SyntaxError as py_exc:
+        if py_exc.lineno:
+            message = f"cannot parse: {py_exc.msg}"
+            return parse_error(filename, message, py_exc.lineno, py_exc.offset or 1)
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    return parse_error(filename, f"cannot parse: {exc.message}", exc.raw_line, exc.raw_column + 1)
 
 
 def run_rules(module: cst.Module, rule_types: Iterable[type[Rule]]) -> list[Report]:
