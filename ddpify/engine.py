@@ -16,6 +16,7 @@ from ddpify.analysis.names import ImportMap
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.rules.base import Report, Rule
+from ddpify.walk import walk
 
 PARSE_ERROR_CODE = "DDP000"
 PARSE_ERROR_NAME = "syntax-error"
@@ -49,7 +50,7 @@ class Context:
         return self.module.code_for_node(node)
 
 
-class _Dispatcher(cst.CSTVisitor):
+class _Dispatcher:
     """One traversal: keep the ancestry, feed the model, then every rule's handlers."""
 
     def __init__(self, context: Context, rules: Sequence[Rule]) -> None:
@@ -62,16 +63,15 @@ class _Dispatcher(cst.CSTVisitor):
             for name, handler in rule.bound_handlers("leave_").items():
                 self.leavers[name].append(handler)
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
+    def enter(self, node: cst.CSTNode) -> None:
         self.context.ancestors.append(node)
         self.context.model.visit(node)
         for handler in self.visitors.get(type(node).__name__, ()):
             handler(node)
-        return True
 
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        for handler in self.leavers.get(type(original_node).__name__, ()):
-            handler(original_node)
+    def leave(self, node: cst.CSTNode) -> None:
+        for handler in self.leavers.get(type(node).__name__, ()):
+            handler(node)
         self.context.ancestors.pop()
 
 
@@ -133,7 +133,8 @@ def run_rules(module: cst.Module, rule_types: Iterable[type[Rule]]) -> list[Repo
     context = Context(module)
     _prescan_imports(module, context.imports)
     rules = [rule_type(context) for rule_type in rule_types]
-    module.visit(_Dispatcher(context, rules))
+    dispatcher = _Dispatcher(context, rules)
+    walk(module, dispatcher.enter, dispatcher.leave)
     return [report for rule in rules for report in rule.reports]
 
 
