@@ -17,9 +17,24 @@ MAX_FILE_BYTES = 5 * 1024 * 1024
 
 SKIPPED_DIRS = frozenset(
     {
-        ".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "env", "__pycache__",
-        "build", "dist", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache",
-        ".eggs", "site-packages", ".ddpify_cache",
+        ".git",
+        ".hg",
+        ".svn",
+        ".tox",
+        ".nox",
+        ".venv",
+        "venv",
+        "env",
+        "__pycache__",
+        "build",
+        "dist",
+        "node_modules",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".eggs",
+        "site-packages",
+        ".ddpify_cache",
     }
 )
 
@@ -50,7 +65,9 @@ def decode_source(data: bytes, path: str) -> SourceFile:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:
-        raise SourceError(f"unknown source encoding: {exc}") from None
+        if "unknown encoding" in str(exc):
+            raise SourceError(f"{exc}") from None
+        encoding = "utf-8"  # undecodable first lines: let the decode below say where
     has_bom = encoding == "utf-8-sig"
     if has_bom:
         encoding = "utf-8"

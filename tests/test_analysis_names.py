@@ -1,0 +1,68 @@
+"""Import-alias resolution: the names rules see, whatever the import spelling."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from ddpify.analysis.names import ImportMap
+
+
+def qualify(source: str, expr: str):
+    imports = ImportMap()
+    for stmt in cst.parse_module(source).body:
+        for small in getattr(stmt, "body", ()):
+            if isinstance(small, (cst.Import, cst.ImportFrom)):
+                imports.add(small)
+    return imports.qualify(cst.parse_expression(expr))
+
+
+@pytest.mark.parametrize(
+    ("source", "expr", "expected"),
+    [
+        ("import torch", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"),
+        ("import torch.nn as nn", "nn.DataParallel", "torch.nn.parallel.DataParallel"),
+        (
+            "from torch import nn",
+            "nn.parallel.DistributedDataParallel",
+            "torch.nn.parallel.DistributedDataParallel",
+        ),
+        (
+            "import torch.distributed as dist",
+            "dist.init_process_group",
+            "torch.distributed.init_process_group",
+        ),
+        (
+            "from torch.nn.parallel import DistributedDataParallel as DDP",
+            "DDP",
+            "torch.nn.parallel.DistributedDataParallel",
+        ),
+        (
+            "from torch.utils.data import DistributedSampler as DS",
+            "DS",
+            "torch.utils.data.DistributedSampler",
+        ),
+        (
+            "from torch.utils.data.distributed import DistributedSampler",
+            "DistributedSampler",
+            "torch.utils.data.DistributedSampler",
+        ),
+        ("import torch.distributed", "torch.distributed.barrier", "torch.distributed.barrier"),
+        ("from torch.cuda import amp", "amp.GradScaler", "torch.cuda.amp.GradScaler"),
+    ],
+)
+def test_spellings_resolve_to_one_canonical_name(source, expr, expected):
+    assert qualify(source, expr) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expr"),
+    [
+        ("", "DDP"),  # never imported: unknown, not guessed
+        ("from .parallel import DataParallel", "DataParallel"),  # a project's own module
+        ("from torch.nn.parallel import *", "DataParallel"),
+        ("import torch", "model.module"),
+    ],
+)
+def test_unresolvable_names_stay_unknown(source, expr):
+    assert qualify(source, expr) is None

@@ -1,0 +1,49 @@
+"""The fast traversal visits syntax nodes in source order and survives deep nesting."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.walk import walk
+
+
+def names_in_order(source: str) -> list[str]:
+    seen: list[str] = []
+    walk(
+        cst.parse_module(source),
+        lambda node: seen.append(node.value) if isinstance(node, cst.Name) else None,
+        lambda node: None,
+    )
+    return seen
+
+
+def test_source_order_for_decorators_and_conditional_expressions():
+    source = "@deco\ndef f(a):\n    return b if c else d\n"
+    assert names_in_order(source) == ["deco", "f", "a", "b", "c", "d"]
+
+
+def test_every_enter_has_a_leave_in_nesting_order():
+    events: list[tuple[str, str]] = []
+    walk(
+        cst.parse_module("x = f(y)\n"),
+        lambda n: events.append(("enter", type(n).__name__)),
+        lambda n: events.append(("leave", type(n).__name__)),
+    )
+    depth = 0
+    for kind, _ in events:
+        depth += 1 if kind == "enter" else -1
+        assert depth >= 0
+    assert depth == 0
+    assert events[0] == ("enter", "Module") and events[-1] == ("leave", "Module")
+
+
+def test_formatting_nodes_are_skipped():
+    kinds: set[str] = set()
+    walk(cst.parse_module("# c\nx = ( 1 ,)\n"), lambda n: kinds.add(type(n).__name__), lambda n: 0)
+    assert {"Comment", "SimpleWhitespace", "LeftParen", "Comma", "EmptyLine"}.isdisjoint(kinds)
+    assert {"Assign", "Tuple", "Integer"} <= kinds
+
+
+def test_deep_expression_does_not_hit_the_recursion_limit():
+    source = "x = " + " + ".join(["a"] * 3000) + "\n"
+    assert len(names_in_order(source)) == 3001
