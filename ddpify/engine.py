@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,27 +53,42 @@ class Context:
 
 
 class _Dispatcher:
-    """One traversal: keep the ancestry, feed the model, then every rule's handlers."""
+    """One traversal: keep the ancestry, feed the model, then every rule's handlers.
 
-    def __init__(self, context: Context, rules: Sequence[Rule]) -> None:
+    A rule that raises is switched off for the rest of the file and its findings there
+    dropped, so one rule's bug costs one rule, not the whole run; the crash is recorded.
+    """
+
+    def __init__(self, context: Context, rules: Sequence[Rule], crashes: list[str]) -> None:
         self.context = context
+        self.crashes = crashes
+        self.failed: set[Rule] = set()
         self.visitors: dict[str, list] = defaultdict(list)
         self.leavers: dict[str, list] = defaultdict(list)
         for rule in rules:
             for name, handler in rule.bound_handlers("visit_").items():
-                self.visitors[name].append(handler)
+                self.visitors[name].append((rule, handler))
             for name, handler in rule.bound_handlers("leave_").items():
-                self.leavers[name].append(handler)
+                self.leavers[name].append((rule, handler))
+
+    def _call(self, handlers: list, node: cst.CSTNode) -> None:
+        for rule, handler in handlers:
+            if rule in self.failed:
+                continue
+            try:
+                handler(node)
+            except Exception as exc:  # noqa: BLE001 - isolate one rule's bug
+                self.failed.add(rule)
+                rule.reports.clear()
+                self.crashes.append(f"rule {rule.CODE} failed: {type(exc).__name__}: {exc}")
 
     def enter(self, node: cst.CSTNode) -> None:
         self.context.ancestors.append(node)
         self.context.model.visit(node)
-        for handler in self.visitors.get(type(node).__name__, ()):
-            handler(node)
+        self._call(self.visitors.get(type(node).__name__, ()), node)
 
     def leave(self, node: cst.CSTNode) -> None:
-        for handler in self.leavers.get(type(node).__name__, ()):
-            handler(node)
+        self._call(self.leavers.get(type(node).__name__, ()), node)
         self.context.ancestors.pop()
 
 
@@ -89,6 +106,8 @@ class FileResult:
     filename: str
     diagnostics: list[Diagnostic] = field(default_factory=list)
     skipped: bool = False  # never mentions torch: not parsed at all
+    # Rules that raised on this file (a bug in ddpify): reported as internal errors.
+    crashes: list[str] = field(default_factory=list)
 
 
 def physical_lines(text: str) -> list[str]:
@@ -129,12 +148,20 @@ def _syntax_error(text: str, filename: str, exc: cst.ParserSyntaxError) -> Diagn
     return parse_error(filename, f"cannot parse: {exc.message}", exc.raw_line, exc.raw_column + 1)
 
 
-def run_rules(module: cst.Module, rule_types: Iterable[type[Rule]]) -> list[Report]:
+def run_rules(
+    module: cst.Module, rule_types: Iterable[type[Rule]], crashes: list[str] | None = None
+) -> list[Report]:
+    """Run the rules over `module`. Without a `crashes` list, a rule's exception propagates."""
     context = Context(module)
     _prescan_imports(module, context.imports)
     rules = [rule_type(context) for rule_type in rule_types]
-    dispatcher = _Dispatcher(context, rules)
+    collected: list[str] = []
+    dispatcher = _Dispatcher(context, rules, collected)
     walk(module, dispatcher.enter, dispatcher.leave)
+    if crashes is None and collected:
+        raise RuntimeError("; ".join(collected))
+    if crashes is not None:
+        crashes.extend(collected)
     return [report for rule in rules for report in rule.reports]
 
 
@@ -150,11 +177,11 @@ def check_source(
     if isinstance(module, Diagnostic):
         result.diagnostics.append(module)
         return result
-    reports = run_rules(module, rule_types)
+    reports = run_rules(module, rule_types, result.crashes)
     if reports:
         lines = physical_lines(text)
         diagnostics = _to_diagnostics(module, reports, filename, lines)
-        result.diagnostics = [d for d in diagnostics if not _suppressed(d, lines)]
+        result.diagnostics = _filter_noqa(diagnostics, text, lines)
     return result
 
 
@@ -210,9 +237,36 @@ def _to_diagnostics(
     return out
 
 
-def _suppressed(diagnostic: Diagnostic, lines: list[str]) -> bool:
-    """`# noqa` (all codes) or `# noqa: DDP022, DDP050` on the first or last line."""
-    for row in {diagnostic.location.row, diagnostic.end_location.row}:
+def _logical_line_ends(text: str) -> dict[int, int]:
+    """Physical row -> last row of its logical line (`foo(\n  x\n)  # noqa` spans three)."""
+    ends: dict[int, int] = {}
+    first_row = None
+    layout = {tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.NEWLINE and first_row is not None:
+                for row in range(first_row, token.start[0] + 1):
+                    ends[row] = token.start[0]
+                first_row = None
+            elif token.type not in layout and first_row is None:
+                first_row = token.start[0]
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return ends
+
+
+def _filter_noqa(diagnostics: list[Diagnostic], text: str, lines: list[str]) -> list[Diagnostic]:
+    """Drop findings under `# noqa` (all codes) or `# noqa: DDP022, DDP050` on the finding's
+    first or last line, or at the end of the statement it belongs to."""
+    if "noqa" not in text.lower():
+        return diagnostics
+    logical_end = _logical_line_ends(text)
+    return [d for d in diagnostics if not _suppressed(d, lines, logical_end)]
+
+
+def _suppressed(diagnostic: Diagnostic, lines: list[str], logical_end: dict[int, int]) -> bool:
+    start, end = diagnostic.location.row, diagnostic.end_location.row
+    for row in {start, end, logical_end.get(start, start)}:
         if row > len(lines):
             continue
         match = _NOQA.search(lines[row - 1])

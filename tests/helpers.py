@@ -13,7 +13,9 @@ FIXTURES = ROOT / "fixtures"
 
 
 def lint(source: str, select: list[str] | None = None, filename: str = "t.py") -> list[Diagnostic]:
-    return check_source(source, filename, select_rules(select), force=True).diagnostics
+    result = check_source(source, filename, select_rules(select), force=True)
+    assert not result.crashes, result.crashes
+    return result.diagnostics
 
 
 def fixture_line(d: Diagnostic) -> str:
