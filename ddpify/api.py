@@ -32,6 +32,11 @@ class CheckReport:
         return [d for result in self.results for d in result.diagnostics]
 
     @property
+    def crashes(self) -> list[str]:
+        """Internal errors: a rule that raised on a file (its other findings still count)."""
+        return [f"{r.filename}: {crash}" for r in self.results for crash in r.crashes]
+
+    @property
     def files_checked(self) -> int:
         return len(self.results)
 
