@@ -1,10 +1,20 @@
-"""Applying fixes: text edits from diagnostics, applied back to front."""
+"""Applying fixes: text edits from diagnostics, applied back to front, in bounded rounds.
+
+A fix is applied whole or not at all: when two fixes touch the same text, the later one
+waits for the next round, where the file is linted again and the fix recomputed.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Callable
 
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Location
+from ddpify.gates import GateError, check_compiles, check_roundtrip
+
+# A fix that keeps producing new fixes after this many rounds is a bug in a rule.
+MAX_ROUNDS = 10
 
 
 def _offsets(text: str) -> list[int]:
@@ -53,7 +63,90 @@ def fixable(diagnostics: Iterable[Diagnostic], unsafe: bool = False) -> list[Dia
     ]
 
 
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    # Two insertions at one point also conflict: their order would be arbitrary.
+    return (a[0] < b[1] and b[0] < a[1]) or a[0] == b[0]
+
+
+def compatible_fixes(text: str, diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """The diagnostics whose fixes can all be applied together, in source order; a fix
+    that overlaps one already chosen is left out whole, never in part."""
+    starts = _offsets(text)
+    chosen: list[Diagnostic] = []
+    taken: list[tuple[int, int]] = []
+    ordered = sorted(
+        (d for d in diagnostics if d.fix is not None and d.fix.edits),
+        key=lambda d: min(e.location for e in d.fix.edits),
+    )
+    for d in ordered:
+        spans = [
+            (_offset(starts, e.location), _offset(starts, e.end_location)) for e in d.fix.edits
+        ]
+        if any(_overlaps(span, other) for span in spans for other in taken):
+            continue
+        if any(_overlaps(a, b) for i, a in enumerate(spans) for b in spans[i + 1 :]):
+            continue  # a malformed fix that overlaps itself
+        chosen.append(d)
+        taken.extend(spans)
+    return chosen
+
+
 def apply_fixes(text: str, diagnostics: Iterable[Diagnostic], unsafe: bool = False) -> str:
-    """One round: apply every applicable fix whose edits do not overlap an earlier fix."""
-    edits = [edit for d in fixable(diagnostics, unsafe) for edit in d.fix.edits]
-    return apply_edits(text, edits)
+    """One round: apply every applicable fix that does not overlap an earlier fix."""
+    chosen = compatible_fixes(text, fixable(diagnostics, unsafe))
+    return apply_edits(text, [edit for d in chosen for edit in d.fix.edits])
+
+
+@dataclass
+class FixOutcome:
+    original: str
+    text: str
+    fixed: list[Diagnostic] = field(default_factory=list)  # as reported before each fix
+    remaining: list[Diagnostic] = field(default_factory=list)  # findings of the final text
+    rounds: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.text != self.original
+
+
+def fix_until_stable(
+    text: str,
+    lint: Callable[[str], list[Diagnostic]],
+    *,
+    unsafe: bool = False,
+    filename: str = "<fix>",
+    max_rounds: int = MAX_ROUNDS,
+) -> FixOutcome:
+    """Lint, apply the compatible fixes, lint again, until no applicable fix is left.
+
+    Every round's output must compile (else GateError names the codes whose fixes broke
+    it), and the loop must settle within `max_rounds`: a rewrite that keeps changing its
+    own output is not idempotent. `lint` must already drop `# noqa`-suppressed findings,
+    which is what keeps their fixes from being applied.
+    """
+    outcome = FixOutcome(text, text)
+    diagnostics = lint(text)
+    if not fixable(diagnostics, unsafe):
+        outcome.remaining = diagnostics
+        return outcome
+    check_roundtrip(text)
+    for _ in range(max_rounds):
+        chosen = compatible_fixes(outcome.text, fixable(diagnostics, unsafe))
+        if not chosen:
+            outcome.remaining = diagnostics
+            return outcome
+        new_text = apply_edits(outcome.text, [e for d in chosen for e in d.fix.edits])
+        if new_text == outcome.text:
+            break  # fixes that change nothing: settled, and nothing was fixed
+        codes = ", ".join(sorted({d.code for d in chosen}))
+        check_compiles(new_text, f"fix {codes}", filename)
+        outcome.text = new_text
+        outcome.fixed.extend(chosen)
+        outcome.rounds += 1
+        diagnostics = lint(new_text)
+    if outcome.rounds == max_rounds and fixable(diagnostics, unsafe):
+        codes = ", ".join(sorted({d.code for d in fixable(diagnostics, unsafe)}))
+        raise GateError(f"fix {codes}", f"not idempotent: still changing after {max_rounds} rounds")
+    outcome.remaining = diagnostics
+    return outcome

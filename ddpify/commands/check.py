@@ -1,26 +1,51 @@
+"""`ddpify check`: lint files or stdin, optionally fix, render in the chosen format."""
+
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
+import os
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
 
-from ddpify.api import CheckReport, check_paths
-from ddpify.diagnostics import Severity
-from ddpify.output import HUMAN_FORMATS, RENDERERS
-from ddpify.rules import UnknownRuleError, select_rules
+from ddpify import engine
+from ddpify.api import CheckReport, check_paths, collect_files
+from ddpify.config import Config, ConfigError, load_config
+from ddpify.diagnostics import Diagnostic, Severity
+from ddpify.files import SourceError, decode_source, read_source, write_atomic
+from ddpify.fixes import fix_until_stable, fixable
+from ddpify.gates import GateError
+from ddpify.output import HUMAN_FORMATS, RENDERERS, statistics
+from ddpify.rules import UnknownRuleError
+from ddpify.rules.base import Rule
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+JSON_FORMATS = {"json", "json-lines"}
 
 EXAMPLES = """\
 examples:
   ddpify check train.py                 lint one script
   ddpify check src/ --select DDP05      only the rank-0 side-effect rules
   ddpify check . --ignore DDP041        everything but the learning-rate advice
-  ddpify check . --output-format json   machine-readable, for editors and CI
+  ddpify check . --fix                  apply the safe fixes (--diff: show them only)
+  ddpify check . --output-format sarif --output-file ddpify.sarif   for code scanning
+  ddpify check --stdin-filename train.py - < train.py                for editors
 
 Suppress one finding with `# noqa: DDP022` on its line. Explain a code: `ddpify rule DDP022`.
+Settings live in [tool.ddpify] of the nearest pyproject.toml, or in a ddpify.toml.
 """
 
 
 def codes(value: str) -> list[str]:
     return [part.strip().upper() for part in value.split(",") if part.strip()]
+
+
+def codes_or_globs(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", nargs="*", default=["."], help="files or directories (default: .)")
+    parser.add_argument(
+        "paths", nargs="*", default=["."], help="files or directories (default: .); - for stdin"
+    )
     parser.add_argument("--select", type=codes, help="comma-separated codes or prefixes to enable")
     parser.add_argument("--ignore", type=codes, default=[], help="codes or prefixes to disable")
     parser.add_argument(
@@ -40,15 +67,49 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--output-format",
         choices=sorted(RENDERERS),
-        help="full (default on a terminal), concise (default otherwise), json",
+        help="full (default on a terminal), concise (default otherwise), json, json-lines, "
+        "sarif, github, pylint",
     )
+    parser.add_argument("--output-file", metavar="PATH", help="write the report to PATH")
     parser.add_argument("--exclude", type=codes_or_globs, default=[], help="glob patterns to skip")
+    fixing = parser.add_argument_group("fixes")
+    fixing.add_argument("--fix", action="store_true", help="apply the safe fixes")
+    fixing.add_argument(
+        "--unsafe-fixes",
+        action="store_true",
+        default=None,
+        help="also apply (with --fix) or show (with --diff) the unsafe fixes",
+    )
+    fixing.add_argument(
+        "--no-unsafe-fixes",
+        dest="unsafe_fixes",
+        action="store_false",
+        help="override `unsafe-fixes = true` in the configuration",
+    )
+    fixing.add_argument(
+        "--diff", action="store_true", help="print the fixes as a diff; write nothing"
+    )
+    parser.add_argument(
+        "--statistics", action="store_true", help="count findings per code instead of listing"
+    )
+    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when findings remain")
+    parser.add_argument(
+        "--stdin-filename",
+        metavar="PATH",
+        help="read the source from stdin, reported (and configured) as PATH",
+    )
+    settings = parser.add_mutually_exclusive_group()
+    settings.add_argument("--config", metavar="PATH", help="use this pyproject.toml/ddpify.toml")
+    settings.add_argument("--isolated", action="store_true", help="ignore every configuration file")
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     parser.set_defaults(run=run)
 
 
-def codes_or_globs(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
+@dataclass
+class FixTotals:
+    fixed: int = 0
+    diffs: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # gate failures: nothing written
 
 
 def summary(report: CheckReport) -> str:
@@ -60,21 +121,246 @@ def summary(report: CheckReport) -> str:
     return f"Checked {files} file{'s' if files != 1 else ''}: {counts}."
 
 
+def fix_summary(fixed: int, remaining: int, applied: bool = True) -> str:
+    verb = "Fixed" if applied else "Would fix"
+    finding = "finding" if fixed == 1 else "findings"
+    return f"{verb} {fixed} {finding}, {remaining} remaining."
+
+
+def _config_start(paths: list[str], stdin_filename: str | None) -> Path:
+    """Where the nearest-configuration search begins: the stdin file's place, or the
+    deepest directory holding every path given."""
+    if stdin_filename:
+        return Path(stdin_filename).absolute()
+    existing = [str(Path(p).absolute()) for p in paths if p != "-" and Path(p).exists()]
+    if not existing:
+        return Path.cwd()
+    return Path(os.path.commonpath(existing))
+
+
+def _error(message: str) -> int:
+    print(f"ddpify: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
 def run(args: argparse.Namespace) -> int:
+    reading_stdin = args.stdin_filename is not None or "-" in args.paths
+    if reading_stdin and args.paths not in (["."], ["-"]):
+        return _error("`-` (stdin) cannot be combined with other paths")
     try:
-        rules = select_rules(args.select, args.ignore, args.extend_select)
-    except UnknownRuleError as exc:
-        print(f"ddpify: error: {exc}", file=sys.stderr)
-        return 2
-    report = check_paths(args.paths, rules, exclude=args.exclude)
+        config = load_config(
+            args.config,
+            start=_config_start(args.paths, args.stdin_filename),
+            isolated=args.isolated,
+        )
+        rules = config.rules(args.select, args.ignore, args.extend_select)
+    except (ConfigError, UnknownRuleError) as exc:
+        return _error(str(exc))
+    unsafe = args.unsafe_fixes if args.unsafe_fixes is not None else bool(config.unsafe_fixes)
+    if reading_stdin:
+        return _run_stdin(args, config, rules, unsafe)
+    return _run_paths(args, config, rules, unsafe)
+
+
+def _linter(
+    config: Config, rules: list[type[Rule]], filename: str, crashes: list[str] | None = None
+):
+    """Lint text as `filename`, per-file ignores applied; rule crashes go to `crashes`."""
+
+    def lint(text: str) -> list[Diagnostic]:
+        result = engine.check_source(text, filename, rules)
+        if crashes is not None:
+            crashes.extend(f"{filename}: {crash}" for crash in result.crashes)
+        return config.filter(result.diagnostics, filename)
+
+    return lint
+
+
+def _unified_diff(before: str, after: str, filename: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{filename}",
+        tofile=f"b/{filename}",
+    )
+    return "".join(line if line.endswith(("\n", "\r")) else line + "\n" for line in lines)
+
+
+def _fix_file(
+    path: str,
+    config: Config,
+    rules: list[type[Rule]],
+    unsafe: bool,
+    write: bool,
+    totals: FixTotals,
+) -> list[Diagnostic] | None:
+    """Fix one file; return its remaining findings, or None when it was left alone."""
+    try:
+        source = read_source(path)
+        outcome = fix_until_stable(
+            source.text, _linter(config, rules, path), unsafe=unsafe, filename=path
+        )
+    except SourceError:
+        return None  # already reported by the lint pass
+    except GateError as exc:
+        totals.failures.append(
+            f"{path}: the `{exc.pass_name}` fix failed a safety gate ({exc.reason}); "
+            "the file was left unchanged"
+        )
+        return None
+    if outcome.changed:
+        if write:
+            write_atomic(path, source.encode(outcome.text))
+        else:
+            totals.diffs.append(_unified_diff(outcome.original, outcome.text, path))
+    totals.fixed += len(outcome.fixed)
+    return outcome.remaining
+
+
+@contextlib.contextmanager
+def _output(path: str | None) -> Iterator[TextIO]:
+    if path is None:
+        yield sys.stdout
+        return
+    with open(path, "w", encoding="utf-8", newline="\n") as stream:
+        yield stream
+
+
+def _run_paths(
+    args: argparse.Namespace, config: Config, rules: list[type[Rule]], unsafe: bool
+) -> int:
+    name_patterns = [p for p in config.exclude_patterns if "/" not in p.strip("/")]
+    files, path_errors, empty_dirs = collect_files(args.paths, [*args.exclude, *name_patterns])
+    files = [f for f in files if not config.is_excluded(f)]
+    report = check_paths([str(f) for f in files], rules)
+    report.path_errors, report.empty_dirs = path_errors, empty_dirs
+    for result in report.results:
+        result.diagnostics = config.filter(result.diagnostics, result.filename)
     for error in report.path_errors:
         print(f"ddpify: error: {error}", file=sys.stderr)
     for directory in report.empty_dirs:
         print(f"ddpify: warning: no Python files found under {directory}", file=sys.stderr)
-    fmt = args.output_format or ("full" if sys.stdout.isatty() else "concise")
-    RENDERERS[fmt](report.diagnostics, sys.stdout)
-    if fmt in HUMAN_FORMATS and not args.quiet:
-        print(summary(report))
-    if report.path_errors:
-        return 2
-    return 1 if report.failed else 0
+
+    totals = FixTotals()
+    if args.fix or args.diff:
+        for result in report.results:
+            if fixable(result.diagnostics, unsafe):
+                remaining = _fix_file(result.filename, config, rules, unsafe, not args.diff, totals)
+                if remaining is not None:
+                    result.diagnostics = remaining
+    for failure in totals.failures:
+        print(f"ddpify: error: {failure}", file=sys.stderr)
+    crashes = list(dict.fromkeys(report.crashes))
+    for crash in crashes:
+        print(f"ddpify: internal error: {crash}", file=sys.stderr)
+    if crashes:
+        totals.failures.extend(crashes)
+
+    if args.diff:
+        return _finish_diff(args, report, totals)
+    try:
+        with _output(args.output_file) as stream:
+            fmt = _format(args, stream)
+            _render(args, fmt, report.diagnostics, stream)
+            if not args.quiet:
+                _print_summary(args, fmt, report, totals, stream)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        return _error(f"cannot write {args.output_file}: {exc.strerror or exc}")
+    if report.path_errors or totals.failures:
+        return EXIT_ERROR
+    return EXIT_FINDINGS if report.failed and not args.exit_zero else EXIT_OK
+
+
+def _format(args: argparse.Namespace, stream: TextIO) -> str:
+    if args.output_format:
+        return args.output_format
+    return "full" if stream.isatty() else "concise"
+
+
+def _render(args: argparse.Namespace, fmt: str, diagnostics: list[Diagnostic], stream) -> None:
+    if args.statistics:
+        statistics.render(diagnostics, stream, as_json=fmt in JSON_FORMATS)
+    else:
+        RENDERERS[fmt](diagnostics, stream)
+
+
+def _print_summary(args, fmt: str, report: CheckReport, totals: FixTotals, stream) -> None:
+    remaining = len(report.diagnostics)
+    if fmt in HUMAN_FORMATS and not args.statistics:
+        print(summary(report), file=stream)
+        if args.fix:
+            print(fix_summary(totals.fixed, remaining), file=stream)
+    elif args.fix:
+        # Machine formats keep stdout parseable; the count still reaches the person.
+        print(fix_summary(totals.fixed, remaining), file=sys.stderr)
+
+
+def _finish_diff(args: argparse.Namespace, report: CheckReport, totals: FixTotals) -> int:
+    sys.stdout.write("".join(totals.diffs))
+    if not args.quiet:
+        remaining = len(report.diagnostics)
+        print(fix_summary(totals.fixed, remaining, applied=False), file=sys.stderr)
+    if report.path_errors or totals.failures:
+        return EXIT_ERROR
+    return EXIT_FINDINGS if totals.diffs and not args.exit_zero else EXIT_OK
+
+
+def _read_stdin(filename: str):
+    try:
+        return decode_source(sys.stdin.buffer.read(), filename)
+    except SourceError as exc:
+        print(f"ddpify: error: {filename}: cannot read stdin: {exc}", file=sys.stderr)
+        return None
+
+
+def _run_stdin(
+    args: argparse.Namespace, config: Config, rules: list[type[Rule]], unsafe: bool
+) -> int:
+    filename = args.stdin_filename or "-"
+    source = _read_stdin(filename)
+    if source is None:
+        return EXIT_ERROR
+    crashes: list[str] = []
+    lint = _linter(config, rules, filename, crashes)
+    text, diagnostics = source.text, None
+    if args.fix or args.diff:
+        try:
+            outcome = fix_until_stable(text, lint, unsafe=unsafe, filename=filename)
+        except GateError as exc:
+            return _error(
+                f"{filename}: the `{exc.pass_name}` fix failed a safety gate ({exc.reason}); "
+                "nothing was changed"
+            )
+        text, diagnostics = outcome.text, outcome.remaining
+    else:
+        diagnostics = lint(text)
+
+    if args.diff:
+        if text != source.text:
+            sys.stdout.write(_unified_diff(source.text, text, filename))
+        return EXIT_FINDINGS if text != source.text and not args.exit_zero else EXIT_OK
+    if args.fix:
+        # The whole buffer goes back on stdout (an editor replaces its text with it); the
+        # findings that remain go to stderr, or to --output-file.
+        sys.stdout.flush()
+        sys.stdout.buffer.write(source.encode(text))
+        sys.stdout.flush()
+    fmt = args.output_format or "concise"
+    try:
+        if args.output_file:
+            with _output(args.output_file) as stream:
+                _render(args, fmt, diagnostics, stream)
+        else:
+            _render(args, fmt, diagnostics, sys.stderr if args.fix else sys.stdout)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        return _error(f"cannot write {args.output_file}: {exc.strerror or exc}")
+    for crash in dict.fromkeys(crashes):
+        print(f"ddpify: internal error: {crash}", file=sys.stderr)
+    if crashes:
+        return EXIT_ERROR
+    failed = any(d.fails for d in diagnostics)
+    return EXIT_FINDINGS if failed and not args.exit_zero else EXIT_OK

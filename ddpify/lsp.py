@@ -1,0 +1,269 @@
+"""The language server (`ddpify lsp`, extra `lsp`): diagnostics, quick fixes, rule pages.
+
+Diagnostics are published on open, change and save; each fixable finding offers a
+quick fix, and a `source.fixAll.ddpify` action applies every safe fix through the same
+bounded, gated loop as `ddpify check --fix`. Hovering a finding shows its rule page.
+
+Positions: ddpify counts columns in code points; LSP clients count in the negotiated
+position encoding (UTF-16 unless the client offers another), so every range is
+converted against the text of its line.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from lsprotocol import types as lsp
+
+from ddpify import __version__, engine
+from ddpify.config import Config, ConfigError, load_config
+from ddpify.diagnostics import Applicability, Diagnostic, Edit, Location, Severity
+from ddpify.docs import rule_page
+from ddpify.fixes import fix_until_stable
+from ddpify.gates import GateError
+from ddpify.output.links import rule_url
+
+try:  # pygls 2
+    from pygls.lsp.server import LanguageServer
+except ImportError:  # pragma: no cover - pygls 1.x
+    from pygls.server import LanguageServer
+
+FIX_ALL_KIND = f"{lsp.CodeActionKind.SourceFixAll.value}.ddpify"
+_SEVERITY = {
+    Severity.ERROR: lsp.DiagnosticSeverity.Error,
+    Severity.WARNING: lsp.DiagnosticSeverity.Warning,
+    Severity.INFO: lsp.DiagnosticSeverity.Information,
+}
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Linted:
+    """The last lint of one document: the text it saw and what it found."""
+
+    text: str
+    lines: list[str]
+    diagnostics: list[Diagnostic]
+    config: Config
+
+
+class PositionConverter:
+    """Code-point columns <-> the client's position units, one line at a time."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+
+    def _units(self, text: str) -> int:
+        if self.encoding == lsp.PositionEncodingKind.Utf8:
+            return len(text.encode("utf-8"))
+        if self.encoding == lsp.PositionEncodingKind.Utf32:
+            return len(text)
+        return len(text.encode("utf-16-le")) // 2
+
+    def to_client(self, lines: list[str], location: Location) -> lsp.Position:
+        line = location.row - 1
+        text = lines[line] if line < len(lines) else ""
+        return lsp.Position(line=line, character=self._units(text[: location.column - 1]))
+
+    def range(self, lines: list[str], start: Location, end: Location) -> lsp.Range:
+        return lsp.Range(start=self.to_client(lines, start), end=self.to_client(lines, end))
+
+    def from_client(self, lines: list[str], position: lsp.Position) -> Location:
+        text = lines[position.line] if position.line < len(lines) else ""
+        units = column = 0
+        while column < len(text) and units < position.character:
+            units += self._units(text[column])
+            column += 1
+        return Location(position.line + 1, column + 1)
+
+
+class DdpifyServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__("ddpify", __version__)
+        self.linted: dict[str, Linted] = {}
+
+    @property
+    def positions(self) -> PositionConverter:
+        codec = getattr(self.workspace, "position_codec", None)
+        return PositionConverter(getattr(codec, "encoding", None) or lsp.PositionEncodingKind.Utf16)
+
+    def document_text(self, uri: str) -> tuple[str, str]:
+        document = self.workspace.get_text_document(uri)
+        return document.source, document.path or uri
+
+    def load_config(self, path: str) -> Config:
+        try:
+            return load_config(start=Path(path).parent)
+        except ConfigError as exc:
+            self.tell(f"ddpify: {exc}; using the default settings", lsp.MessageType.Warning)
+            return Config()
+
+    def lint(self, uri: str) -> Linted:
+        text, path = self.document_text(uri)
+        config = self.load_config(path)
+        try:
+            rules = config.rules()
+        except ValueError as exc:
+            self.tell(f"ddpify: {exc}; using the default rules", lsp.MessageType.Warning)
+            config = Config()
+            rules = config.rules()
+        found = engine.check_source(text, path, rules, force=True).diagnostics
+        linted = Linted(text, engine.physical_lines(text), config.filter(found, path), config)
+        self.linted[uri] = linted
+        return linted
+
+    def current(self, uri: str) -> Linted:
+        """The lint of the document as it is now (relinting if it changed since)."""
+        linted = self.linted.get(uri)
+        if linted is None or linted.text != self.document_text(uri)[0]:
+            linted = self.lint(uri)
+        return linted
+
+    def to_lsp(self, d: Diagnostic, lines: list[str]) -> lsp.Diagnostic:
+        return lsp.Diagnostic(
+            range=self.positions.range(lines, d.location, d.end_location),
+            message=d.message,
+            severity=_SEVERITY[d.severity],
+            code=d.code,
+            code_description=lsp.CodeDescription(href=rule_url(d.code)),
+            source="ddpify",
+        )
+
+    def publish(self, uri: str, diagnostics: list[lsp.Diagnostic]) -> None:
+        params = lsp.PublishDiagnosticsParams(uri=uri, diagnostics=diagnostics)
+        if hasattr(self, "text_document_publish_diagnostics"):
+            self.text_document_publish_diagnostics(params)
+        else:  # pragma: no cover - pygls 1.x
+            self.publish_diagnostics(uri, diagnostics)
+
+    def tell(self, message: str, kind: lsp.MessageType) -> None:
+        params = lsp.ShowMessageParams(type=kind, message=message)
+        if hasattr(self, "window_show_message"):
+            self.window_show_message(params)
+        else:  # pragma: no cover - pygls 1.x
+            self.show_message(message, kind)
+
+    def refresh(self, uri: str) -> None:
+        linted = self.lint(uri)
+        self.publish(uri, [self.to_lsp(d, linted.lines) for d in linted.diagnostics])
+
+    def text_edits(self, edits: tuple[Edit, ...], lines: list[str]) -> list[lsp.TextEdit]:
+        return [
+            lsp.TextEdit(
+                range=self.positions.range(lines, e.location, e.end_location),
+                new_text=e.content,
+            )
+            for e in edits
+        ]
+
+    def quick_fixes(self, uri: str, linted: Linted, wanted: lsp.Range) -> list[lsp.CodeAction]:
+        start = self.positions.from_client(linted.lines, wanted.start)
+        end = self.positions.from_client(linted.lines, wanted.end)
+        actions = []
+        for d in linted.diagnostics:
+            if d.fix is None or d.end_location < start or d.location > end:
+                continue
+            safe = d.fix.applicability is Applicability.SAFE
+            title = f"{d.fix.message} ({d.code})" + ("" if safe else " [unsafe]")
+            actions.append(
+                lsp.CodeAction(
+                    title=title,
+                    kind=lsp.CodeActionKind.QuickFix,
+                    diagnostics=[self.to_lsp(d, linted.lines)],
+                    is_preferred=safe,
+                    edit=lsp.WorkspaceEdit(
+                        changes={uri: self.text_edits(d.fix.edits, linted.lines)}
+                    ),
+                )
+            )
+        return actions
+
+    def fix_all(self, uri: str, linted: Linted) -> lsp.CodeAction | None:
+        if not any(d.fix and d.fix.applicability is Applicability.SAFE for d in linted.diagnostics):
+            return None
+        _, path = self.document_text(uri)
+        rules = linted.config.rules()
+
+        def lint(text: str) -> list[Diagnostic]:
+            found = engine.check_source(text, path, rules, force=True).diagnostics
+            return linted.config.filter(found, path)
+
+        try:
+            outcome = fix_until_stable(linted.text, lint, filename=path)
+        except GateError as exc:
+            log.warning("fix-all withheld for %s: %s", uri, exc)
+            return None
+        if not outcome.changed:
+            return None
+        end = Location(len(linted.lines), len(linted.lines[-1]) + 1)
+        whole = Edit(outcome.text, Location(1, 1), end)
+        return lsp.CodeAction(
+            title=f"Fix all safe ddpify findings ({len(outcome.fixed)})",
+            kind=FIX_ALL_KIND,
+            edit=lsp.WorkspaceEdit(changes={uri: self.text_edits((whole,), linted.lines)}),
+        )
+
+    def hover(self, uri: str, position: lsp.Position) -> lsp.Hover | None:
+        linted = self.current(uri)
+        where = self.positions.from_client(linted.lines, position)
+        codes = [d.code for d in linted.diagnostics if d.location <= where <= d.end_location]
+        pages = [
+            rule_page(code) or f"# {code}\n\nNo page for this code."
+            for code in dict.fromkeys(codes)
+        ]
+        if not pages:
+            return None
+        content = lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value="\n\n---\n\n".join(pages))
+        return lsp.Hover(contents=content)
+
+
+def create_server() -> DdpifyServer:
+    server = DdpifyServer()
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: DdpifyServer, params: lsp.DidOpenTextDocumentParams) -> None:
+        ls.refresh(params.text_document.uri)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: DdpifyServer, params: lsp.DidChangeTextDocumentParams) -> None:
+        ls.refresh(params.text_document.uri)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(ls: DdpifyServer, params: lsp.DidSaveTextDocumentParams) -> None:
+        ls.refresh(params.text_document.uri)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: DdpifyServer, params: lsp.DidCloseTextDocumentParams) -> None:
+        ls.linted.pop(params.text_document.uri, None)
+        ls.publish(params.text_document.uri, [])
+
+    @server.feature(
+        lsp.TEXT_DOCUMENT_CODE_ACTION,
+        lsp.CodeActionOptions(
+            code_action_kinds=[lsp.CodeActionKind.QuickFix, FIX_ALL_KIND],
+        ),
+    )
+    def code_action(ls: DdpifyServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
+        uri = params.text_document.uri
+        linted = ls.current(uri)
+        only = params.context.only
+        actions: list[lsp.CodeAction] = []
+        if not only or lsp.CodeActionKind.QuickFix in only:
+            actions.extend(ls.quick_fixes(uri, linted, params.range))
+        if not only or any(FIX_ALL_KIND.startswith(kind) for kind in only):
+            fix_all = ls.fix_all(uri, linted)
+            if fix_all is not None:
+                actions.append(fix_all)
+        return actions
+
+    @server.feature(lsp.TEXT_DOCUMENT_HOVER)
+    def hover(ls: DdpifyServer, params: lsp.HoverParams) -> lsp.Hover | None:
+        return ls.hover(params.text_document.uri, params.position)
+
+    return server
+
+
+def serve() -> None:
+    create_server().start_io()

@@ -1,0 +1,12 @@
+"""`path:line: [CODE] message`: pylint's parseable form, for editors' error formats."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from ddpify.diagnostics import Diagnostic
+
+
+def render(diagnostics: list[Diagnostic], stream: TextIO) -> None:
+    for d in diagnostics:
+        stream.write(f"{d.filename}:{d.location.row}: [{d.code}] {d.message}\n")
