@@ -1,3 +1,12 @@
 from ddpify.rules.base import Rule
+from ddpify.rules.process_group.ddp001_no_init_process_group import NoInitProcessGroup
+from ddpify.rules.process_group.ddp002_no_destroy_process_group import NoDestroyProcessGroup
+from ddpify.rules.process_group.ddp003_legacy_local_rank_arg import LegacyLocalRankArg
+from ddpify.rules.process_group.ddp004_hardcoded_launch_config import HardcodedLaunchConfig
 
-RULES: list[type[Rule]] = []
+RULES: list[type[Rule]] = [
+    NoInitProcessGroup,
+    NoDestroyProcessGroup,
+    LegacyLocalRankArg,
+    HardcodedLaunchConfig,
+]

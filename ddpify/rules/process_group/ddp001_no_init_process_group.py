@@ -1,0 +1,222 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted, find_arg, identifiers
+from ddpify.diagnostics import Severity
+from ddpify.rules.base import Rule
+from ddpify.rules.process_group._common import (
+    DIST,
+    INIT_CALLS,
+    contains,
+    in_function,
+    is_dist_guard_call,
+    is_entry_script,
+    is_setup_name,
+    last_name,
+)
+
+DDP = "torch.nn.parallel.DistributedDataParallel"
+SAMPLER = "torch.utils.data.DistributedSampler"
+# torch.distributed functions that raise without a default process group.
+NEEDS_GROUP = {
+    f"{DIST}.{name}"
+    for name in (
+        "all_gather all_gather_into_tensor all_gather_object all_reduce all_to_all "
+        "all_to_all_single barrier batch_isend_irecv broadcast broadcast_object_list gather "
+        "gather_object get_backend get_rank get_world_size irecv isend monitored_barrier "
+        "new_group recv reduce reduce_scatter reduce_scatter_tensor scatter "
+        "scatter_object_list send"
+    ).split()
+}
+
+
+@dataclass
+class _Use:
+    """A call that needs a process group, with the conditions it runs under."""
+
+    node: cst.Call
+    conditions: list[cst.CSTNode]
+    top_level: bool
+
+
+@dataclass
+class _HelperCall:
+    name: str
+    callee: cst.BaseExpression
+    setup_named: bool
+
+
+def _exits(block: cst.BaseSuite) -> bool:
+    last = block.body[-1] if block.body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1] if last.body else None
+    return isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break))
+
+
+def _conditions(ancestors: list[cst.CSTNode]) -> list[cst.CSTNode]:
+    """Tests that decide whether the innermost node runs: enclosing ifs and early exits."""
+    found: list[cst.CSTNode] = []
+    for depth in range(len(ancestors) - 2, -1, -1):
+        parent, child = ancestors[depth], ancestors[depth + 1]
+        if isinstance(parent, (cst.If, cst.While)) and child is not parent.test:
+            found.append(parent.test)
+        elif isinstance(parent, cst.IfExp) and child is not parent.test:
+            found.append(parent.test)
+        elif isinstance(parent, cst.BooleanOperation) and child is parent.right:
+            found.append(parent.left)
+        elif isinstance(parent, cst.Try) and child is parent.body and parent.handlers:
+            found.append(parent)  # the author expected it to fail
+        elif isinstance(parent, (cst.IndentedBlock, cst.Module)):
+            for stmt in parent.body:
+                if stmt is child:
+                    break
+                if isinstance(stmt, cst.If) and _exits(stmt.body):
+                    found.append(stmt.test)
+    return found
+
+
+def _samples_explicitly(call: cst.Call) -> bool:
+    """`DistributedSampler(ds, num_replicas=n, rank=r)` needs no process group."""
+    return find_arg(call, "num_replicas", 1) is not None and find_arg(call, "rank", 2) is not None
+
+
+def _mentions_rank_or_world(call: cst.Call) -> bool:
+    for arg in call.args:
+        names = [n.lower() for n in identifiers(arg.value)]
+        if any("rank" in n or "world" in n for n in names):
+            return True
+    return False
+
+
+class NoInitProcessGroup(Rule):
+    """DDP, DistributedSampler and `dist.*` collectives raise without a process group."""
+
+    CODE = "DDP001"
+    NAME = "no-init-process-group"
+    SEVERITY = Severity.ERROR
+    MESSAGE = (
+        "a process group is used but `init_process_group` is never called in this file; "
+        "call `dist.init_process_group()` first"
+    )
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.uses: list[_Use] = []
+        self.helpers: list[_HelperCall] = []
+        self.initialises = False
+        self.relative_imports: set[str] = set()
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative and not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                bound = alias.asname.name if alias.asname else alias.name
+                if isinstance(bound, cst.Name):
+                    self.relative_imports.add(bound.value)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        # `partial(dist.init_process_group, ...)`, `executor.submit(init_process_group)`.
+        if self.context.qualify(node.value) in INIT_CALLS:
+            self.initialises = True
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = self.context.qualify(node.func)
+        if name in INIT_CALLS:
+            self.initialises = True
+        elif self._needs_group(node, name):
+            ancestors = self.context.ancestors
+            self.uses.append(_Use(node, _conditions(ancestors), not in_function(ancestors)))
+        elif name is None or not name.startswith("torch"):
+            self._note_helper(node)
+
+    def _needs_group(self, node: cst.Call, name: str | None) -> bool:
+        if name == DDP or name in NEEDS_GROUP:
+            return True
+        return name == SAMPLER and not _samples_explicitly(node)
+
+    def _note_helper(self, node: cst.Call) -> None:
+        name = last_name(node.func)
+        if name is None:
+            return
+        if is_setup_name(name):
+            self.helpers.append(_HelperCall(name, node.func, setup_named=True))
+        elif self._imported(node.func) and _mentions_rank_or_world(node):
+            self.helpers.append(_HelperCall(name, node.func, setup_named=False))
+
+    def _imported(self, callee: cst.BaseExpression) -> bool:
+        path = dotted(callee)
+        if path is None:
+            return False
+        head = path.split(".")[0]
+        return head in self.relative_imports or head in self.context.imports.aliases
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if self.initialises or not self.uses or self.context.model.framework:
+            return
+        top_level = any(use.top_level for use in self.uses)
+        if not top_level and not is_entry_script(node, self.context.model.functions):
+            return  # a library module: the caller initialises
+        uses = [use for use in self.uses if not self._guarded(use)]
+        if not uses:
+            return
+        severity, helper = self._severity()
+        if severity is None:
+            return
+        first = uses[0].node
+        callee = self.context.code(first.func)
+        if helper is None:
+            message = (
+                f"`{callee}(...)` needs a process group, but `init_process_group` is never "
+                "called in this file; call `dist.init_process_group()` before it"
+            )
+        else:
+            message = (
+                f"`{callee}(...)` needs a process group and this file never calls "
+                f"`init_process_group`; make sure `{helper}(...)` initialises it"
+            )
+        self.report(first.func, message, severity=severity)
+
+    def _severity(self) -> tuple[Severity | None, str | None]:
+        """Error, or info naming a helper that may initialise; None when one surely does."""
+        functions = self.context.model.functions
+        info_helper = None
+        for helper in self.helpers:
+            local = helper.name in functions
+            if helper.setup_named and not local:
+                return None, helper.name  # `init_distributed_mode(args)` from a utils module
+            if info_helper is None:
+                info_helper = helper.name
+        if info_helper is not None:
+            return Severity.INFO, info_helper
+        return Severity.ERROR, None
+
+    def _guarded(self, use: _Use) -> bool:
+        return any(contains(cond, self._is_guard) for cond in use.conditions)
+
+    def _is_guard(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Try):
+            return True
+        imports = self.context.imports
+        if is_dist_guard_call(node, imports):
+            return True
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            return dotted(node) in self._guard_variables
+        if isinstance(node, cst.Call):
+            function = self.context.model.functions.get(last_name(node.func) or "")
+            return function is not None and contains(
+                function.body, lambda n: is_dist_guard_call(n, imports)
+            )
+        return False
+
+    @cached_property
+    def _guard_variables(self) -> set[str]:
+        """`distributed = dist.is_available() and dist.is_initialized()`."""
+        imports = self.context.imports
+        return {
+            name
+            for name, values in self.context.model.bindings.items()
+            if any(contains(v, lambda n: is_dist_guard_call(n, imports)) for v in values)
+        }
