@@ -1,0 +1,229 @@
+"""Facts the device and wrapping rules share: is this script distributed, where does a
+value come from (global rank, local rank), and in which order do calls run.
+
+These would sit well in `ddpify/analysis/`; they live here until the script model
+grows the same questions.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import libcst as cst
+
+from ddpify.analysis.guards import Scope, rank_scope
+from ddpify.analysis.model import ScriptModel
+from ddpify.analysis.names import ImportMap, dotted
+from ddpify.rules.base import Rule
+
+DDP = "torch.nn.parallel.DistributedDataParallel"
+INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
+SET_DEVICE = "torch.cuda.set_device"
+
+# Calls that make a script distributed by themselves.
+_DISTRIBUTED_CALLS = (DDP, "torch.utils.data.DistributedSampler", "torch.multiprocessing.spawn")
+# String literals that only a distributed script reads: launcher env vars and flags.
+_DISTRIBUTED_STRINGS = frozenset(
+    {"LOCAL_RANK", "RANK", "WORLD_SIZE", "--local_rank", "--local-rank", "SLURM_PROCID"}
+)
+# A process that sees one GPU only: "cuda:0" is then its own GPU.
+PINNED_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+GLOBAL_RANK_KEYS = frozenset(
+    {"RANK", "GLOBAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}
+)
+LOCAL_RANK_KEYS = frozenset(
+    {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}
+)
+
+
+def string_value(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+class DistributedRule(Rule):
+    """A rule that only speaks about distributed scripts; decide in `leave_Module`."""
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.strings_seen: set[str] = set()
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        raw = node.raw_value
+        if raw in _DISTRIBUTED_STRINGS or raw == PINNED_VISIBLE_DEVICES:
+            self.strings_seen.add(raw)
+
+    @property
+    def model(self) -> ScriptModel:
+        return self.context.model
+
+    def is_distributed(self) -> bool:
+        """Plain DDP code in this file: not single-GPU, not delegated to a framework."""
+        if self.model.framework is not None:
+            return False
+        if self.strings_seen & _DISTRIBUTED_STRINGS:
+            return True
+        return any(
+            name.startswith("torch.distributed.") or name in _DISTRIBUTED_CALLS
+            for name in self.model.calls
+        )
+
+    def pins_visible_devices(self) -> bool:
+        return PINNED_VISIBLE_DEVICES in self.strings_seen
+
+    def enclosing_function(self) -> cst.FunctionDef | None:
+        return self.context.enclosing(cst.FunctionDef)  # type: ignore[return-value]
+
+
+class Rank(enum.Enum):
+    GLOBAL = "global"
+    LOCAL = "local"
+
+
+def env_key(expr: cst.BaseExpression, imports: ImportMap) -> str | None:
+    """`"RANK"` for `os.environ["RANK"]`, `os.environ.get("RANK")`, `os.getenv("RANK", 0)`."""
+    if isinstance(expr, cst.Subscript) and imports.qualify(expr.value) == "os.environ":
+        index = expr.slice[0].slice if len(expr.slice) == 1 else None
+        return string_value(index.value) if isinstance(index, cst.Index) else None
+    if isinstance(expr, cst.Call) and expr.args:
+        if imports.qualify(expr.func) in {"os.environ.get", "os.getenv"}:
+            return string_value(expr.args[0].value)
+    return None
+
+
+def function_parameters(func: cst.FunctionDef | None) -> set[str]:
+    if func is None:
+        return set()
+    params = func.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            every.append(star)
+    return {param.name.value for param in every}
+
+
+def assignments_in(body: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
+    """Values assigned to `target` in `body`, not descending into nested functions."""
+    found: list[cst.BaseExpression] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is body
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for assign_target in node.targets:
+                if dotted(assign_target.target) == target:
+                    found.append(node.value)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            if node.value is not None and dotted(node.target) == target:
+                found.append(node.value)
+
+    body.visit(_Collect())
+    return found
+
+
+class RankResolver:
+    """Decides whether an expression holds the global or the local rank, by its origin.
+
+    Structural evidence only (an env var, `dist.get_rank()`, an assignment from one of
+    those); a bare name whose origin cannot be seen (a function parameter, as in
+    mp.spawn workers where the spawned index *is* the local rank) resolves to None.
+    """
+
+    def __init__(self, model: ScriptModel, module: cst.Module) -> None:
+        self.model = model
+        self.imports = model.imports
+        self.module = module
+
+    def resolve(
+        self, expr: cst.BaseExpression, func: cst.FunctionDef | None, depth: int = 0
+    ) -> tuple[Rank, str] | None:
+        """(rank kind, the origin as written), or None when it cannot be told."""
+        if depth > 4:
+            return None
+        key = env_key(expr, self.imports)
+        if key is not None:
+            return self._from_env_key(key, expr)
+        if isinstance(expr, cst.Call):
+            return self._from_call(expr, func, depth)
+        if isinstance(expr, cst.BinaryOperation):
+            return self._from_arithmetic(expr, func, depth)
+        name = dotted(expr)
+        if name is None:
+            return None
+        if rank_scope(expr) is Scope.LOCAL:
+            return Rank.LOCAL, name
+        if "." in name:
+            return self._from_attribute(name, depth)
+        return self._from_name(name, func, depth)
+
+    def _from_env_key(self, key: str, expr: cst.BaseExpression) -> tuple[Rank, str] | None:
+        if key in GLOBAL_RANK_KEYS:
+            return Rank.GLOBAL, self.module.code_for_node(expr)
+        if key in LOCAL_RANK_KEYS:
+            return Rank.LOCAL, self.module.code_for_node(expr)
+        return None
+
+    def _from_call(
+        self, call: cst.Call, func: cst.FunctionDef | None, depth: int
+    ) -> tuple[Rank, str] | None:
+        name = self.imports.qualify(call.func)
+        if name == "torch.distributed.get_rank":
+            return Rank.GLOBAL, self.module.code_for_node(call)
+        if name == "torch.distributed.get_node_local_rank":
+            return Rank.LOCAL, self.module.code_for_node(call)
+        if isinstance(call.func, cst.Name) and call.func.value == "int" and call.args:
+            return self.resolve(call.args[0].value, func, depth + 1)
+        return None
+
+    def _from_arithmetic(
+        self, expr: cst.BinaryOperation, func: cst.FunctionDef | None, depth: int
+    ) -> tuple[Rank, str] | None:
+        if isinstance(expr.operator, cst.Modulo):
+            # `rank % torch.cuda.device_count()`: the GPU index on this node.
+            return Rank.LOCAL, "a modulo"
+        if isinstance(expr.operator, cst.Add) and any(
+            isinstance(side, cst.BinaryOperation) and isinstance(side.operator, cst.Multiply)
+            for side in (expr.left, expr.right)
+        ):
+            # `node_rank * gpus_per_node + gpu`: the global rank.
+            return Rank.GLOBAL, self.module.code_for_node(expr)
+        return None
+
+    def _from_attribute(self, name: str, depth: int) -> tuple[Rank, str] | None:
+        values = self.model.bindings.get(name, [])
+        if values:
+            # Attributes are bound in other methods: names there are out of scope.
+            return self._combine([self.resolve(v, None, depth + 1) for v in values])
+        head, _, last = name.rpartition(".")
+        if head != "self" and last in {"rank", "global_rank", "world_rank"}:
+            return Rank.GLOBAL, name  # `args.rank`: argparse's node or global rank
+        return None
+
+    def _from_name(
+        self, name: str, func: cst.FunctionDef | None, depth: int
+    ) -> tuple[Rank, str] | None:
+        if name in function_parameters(func):
+            return None
+        scope = func if func is not None else self.module
+        values = assignments_in(scope, name)
+        if not values and func is not None:
+            values = assignments_in(self.module, name)
+            func = None
+        return self._combine([self.resolve(v, func, depth + 1) for v in values])
+
+    @staticmethod
+    def _combine(results: list[tuple[Rank, str] | None]) -> tuple[Rank, str] | None:
+        """Global only when every assignment says so; anything unclear wins."""
+        if results and all(r is not None and r[0] is Rank.GLOBAL for r in results):
+            return results[0]
+        if results and all(r is not None and r[0] is Rank.LOCAL for r in results):
+            return results[0]
+        return None

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.names import find_arg, method_name
+from ddpify.diagnostics import Applicability, FixAvailability, Severity
+from ddpify.rules.base import NodeFix
+from ddpify.rules.devices._common import DistributedRule
+
+TORCH_LOAD = "torch.load"
+
+
+def _with_cpu_map_location(call: cst.Call) -> cst.Call:
+    """`torch.load(p)` -> `torch.load(p, map_location="cpu")`, keeping a trailing comma."""
+    new_arg = cst.Arg(
+        keyword=cst.Name("map_location"),
+        value=cst.SimpleString('"cpu"'),
+        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+    )
+    *head, last = call.args
+    if isinstance(last.comma, cst.Comma):
+        new_arg = new_arg.with_changes(comma=last.comma)
+    last = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*head, last, new_arg])
+
+
+class LoadWithoutMapLocation(DistributedRule):
+    """Every rank restores a checkpoint onto the device it was saved from."""
+
+    CODE = "DDP012"
+    NAME = "load-without-map-location"
+    SEVERITY = Severity.WARNING
+    MESSAGE = "`torch.load` without `map_location` restores every rank's tensors onto GPU 0"
+    FIX = FixAvailability.ALWAYS
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.loads: list[tuple[cst.Call, bool]] = []
+        self.mentions_cuda = False
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        super().visit_SimpleString(node)
+        raw = node.raw_value
+        self.mentions_cuda |= raw.startswith("cuda") or raw == "nccl"
+
+    def visit_FormattedStringText(self, node: cst.FormattedStringText) -> None:
+        self.mentions_cuda |= node.value.startswith("cuda")
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.context.qualify(node.func) != TORCH_LOAD or not node.args:
+            return
+        if find_arg(node, "map_location", 1) is not None or any(a.star for a in node.args):
+            return
+        if self.context.rank_zero_scope() is not None:
+            return  # global rank 0 usually saved the file from the same GPU index
+        self.loads.append((node, self._feeds_load_state_dict()))
+
+    def _feeds_load_state_dict(self) -> bool:
+        """`x.load_state_dict(torch.load(p))`: copied onto x's own device anyway."""
+        ancestors = self.context.ancestors
+        if len(ancestors) < 3:
+            return False
+        arg, call = ancestors[-2], ancestors[-3]
+        return (
+            isinstance(arg, cst.Arg)
+            and isinstance(call, cst.Call)
+            and method_name(call) == "load_state_dict"
+        )
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.is_distributed() or not self._uses_cuda():
+            return
+        for call, into_state_dict in self.loads:
+            shown = self.context.code(call)
+            if len(shown) > 50 or "\n" in shown:
+                shown = "torch.load(...)"
+            fix = NodeFix(
+                'Add `map_location="cpu"`',
+                ((call, _with_cpu_map_location(call)),),
+                Applicability.SAFE if into_state_dict else Applicability.UNSAFE,
+            )
+            self.report(
+                call,
+                f"`{shown}` has no `map_location`, so every rank restores the tensors onto the "
+                'GPU that saved them, usually GPU 0; pass `map_location="cpu"`',
+                fix=fix,
+            )
+
+    def _uses_cuda(self) -> bool:
+        model = self.model
+        return (
+            self.mentions_cuda
+            or bool(model.method_calls.get("cuda"))
+            or any(name.startswith("torch.cuda.") for name in model.calls)
+        )
