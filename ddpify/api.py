@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ddpify.cache import ResultCache
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.engine import FileResult, check_bytes
+from ddpify.engine import FileResult, check_bytes, parse_error
 from ddpify.files import iter_python_files
 from ddpify.rules import RULES_BY_CODE
 from ddpify.rules.base import Rule
@@ -77,20 +78,14 @@ def collect_files(
     return unique, errors, empty
 
 
-def _check_file(path: Path, codes: Sequence[str]) -> FileResult:
-    rules = [RULES_BY_CODE[code] for code in codes]
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        from ddpify.engine import parse_error
-
-        reason = exc.strerror or str(exc)
-        return FileResult(str(path), [parse_error(str(path), f"cannot read file: {reason}")])
-    return check_bytes(data, str(path), rules)
+def _read_failure(path: Path, exc: OSError) -> FileResult:
+    reason = exc.strerror or str(exc)
+    return FileResult(str(path), [parse_error(str(path), f"cannot read file: {reason}")])
 
 
-def _check_file_star(args: tuple[Path, Sequence[str]]) -> FileResult:
-    return _check_file(*args)
+def _check_data(args: tuple[str, bytes, Sequence[str]]) -> FileResult:
+    filename, data, codes = args
+    return check_bytes(data, filename, [RULES_BY_CODE[code] for code in codes])
 
 
 def check_paths(
@@ -99,23 +94,45 @@ def check_paths(
     *,
     exclude: Sequence[str] = (),
     jobs: int | None = None,
+    cache_dir: Path | None = None,
     on_file: Callable[[FileResult], None] | None = None,
 ) -> CheckReport:
+    """Lint files and directories. With `cache_dir`, unchanged files are not re-parsed."""
     files, errors, empty = collect_files(paths, exclude)
     report = CheckReport(path_errors=errors, empty_dirs=empty)
     codes = [rule.CODE for rule in rules]
+    cache = ResultCache(cache_dir, codes) if cache_dir is not None else None
+
+    results: dict[int, FileResult] = {}
+    pending: list[tuple[int, str, bytes]] = []
+    for index, path in enumerate(files):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            results[index] = _read_failure(path, exc)
+            continue
+        hit = cache.get(cache.key(str(path), data)) if cache else None
+        if hit is not None:
+            results[index] = hit
+        else:
+            pending.append((index, str(path), data))
+
+    work = [(name, data, codes) for _, name, data in pending]
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
-    if jobs > 1 and len(files) >= PARALLEL_THRESHOLD:
+    if jobs > 1 and len(work) >= PARALLEL_THRESHOLD:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = pool.map(_check_file_star, [(f, codes) for f in files], chunksize=8)
-            for result in results:
-                report.results.append(result)
-                if on_file:
-                    on_file(result)
+            fresh = list(pool.map(_check_data, work, chunksize=8))
     else:
-        for file in files:
-            result = _check_file(file, codes)
-            report.results.append(result)
-            if on_file:
-                on_file(result)
+        fresh = [_check_data(item) for item in work]
+    for (index, name, data), result in zip(pending, fresh):
+        results[index] = result
+        if cache:
+            cache.put(cache.key(name, data), result)
+    if cache:
+        cache.save()
+
+    for index in sorted(results):
+        report.results.append(results[index])
+        if on_file:
+            on_file(results[index])
     return report

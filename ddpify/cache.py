@@ -1,0 +1,105 @@
+"""A content-hash cache of per-file results, so an unchanged tree re-checks in I/O time.
+
+Keyed by the file's bytes, its name (diagnostics carry it), the ddpify version and the
+enabled rule codes: any change to one of them is a miss. Stored as one JSON document
+per directory of the cache, written atomically at the end of a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddpify import __version__
+from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
+from ddpify.engine import FileResult
+from ddpify.files import write_atomic
+
+CACHE_FILE = "check-results.json"
+
+
+def _location(data: dict[str, int]) -> Location:
+    return Location(data["row"], data["column"])
+
+
+def _encode(d: Diagnostic) -> dict[str, Any]:
+    from ddpify.output.json_format import to_dict
+
+    return {**to_dict(d), "source_lines": list(d.source_lines)}
+
+
+def _decode(data: dict[str, Any]) -> Diagnostic:
+    fix = None
+    if data["fix"] is not None:
+        edits = tuple(
+            Edit(e["content"], _location(e["location"]), _location(e["end_location"]))
+            for e in data["fix"]["edits"]
+        )
+        fix = Fix(data["fix"]["message"], Applicability(data["fix"]["applicability"]), edits)
+    return Diagnostic(
+        data["code"],
+        data["name"],
+        Severity(data["severity"]),
+        data["message"],
+        data["filename"],
+        _location(data["location"]),
+        _location(data["end_location"]),
+        fix,
+        tuple(data["source_lines"]),
+    )
+
+
+class ResultCache:
+    def __init__(self, directory: Path, codes: Sequence[str]) -> None:
+        self.path = directory / CACHE_FILE
+        self.salt = f"{__version__}\0{','.join(sorted(codes))}".encode()
+        self.entries: dict[str, Any] = {}
+        self.used: dict[str, Any] = {}
+        try:
+            loaded = json.loads(self.path.read_text(encoding="utf-8"))
+            if isinstance(loaded, dict):
+                self.entries = loaded
+        except (OSError, ValueError):
+            pass  # no cache yet, or a damaged one: start afresh
+
+    def key(self, filename: str, data: bytes) -> str:
+        digest = hashlib.sha256(self.salt)
+        digest.update(filename.encode("utf-8", "surrogateescape") + b"\0")
+        digest.update(data)
+        return digest.hexdigest()
+
+    def get(self, key: str) -> FileResult | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        try:
+            result = FileResult(
+                entry["filename"], [_decode(d) for d in entry["diagnostics"]], entry["skipped"]
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        self.used[key] = entry
+        return result
+
+    def put(self, key: str, result: FileResult) -> None:
+        if result.crashes:
+            return  # never cache the output of a bug
+        self.used[key] = {
+            "filename": result.filename,
+            "skipped": result.skipped,
+            "diagnostics": [_encode(d) for d in result.diagnostics],
+        }
+
+    def save(self) -> None:
+        """Keep what this run used; entries for files that changed or vanished go."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            gitignore = self.path.parent / ".gitignore"
+            if not gitignore.exists():
+                gitignore.write_text("# created by ddpify\n*\n", encoding="utf-8")
+            write_atomic(self.path, json.dumps(self.used).encode("utf-8"))
+        except OSError:
+            pass  # a read-only tree still gets its lint results
