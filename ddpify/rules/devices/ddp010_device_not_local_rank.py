@@ -96,10 +96,13 @@ class DeviceNotLocalRank(DistributedRule):
     def _record_set_device(self, node: cst.Call) -> None:
         if not node.args:
             return
-        index = _int_literal(node.args[0].value)
-        if index is not None:
+        value = node.args[0].value
+        index = _int_literal(value)
+        if index is None and isinstance(value, cst.SimpleString):
+            index = _cuda_index(string_value(value))
+        if isinstance(index, int) and index is not False:
             self._fixed(node, self.context.code(node), index)
-        elif not _is_constant(node.args[0].value):
+        elif not _is_constant(value):
             self.set_device_calls.append(_Ordered(node, self.enclosing_function(), self.order))
 
     def _record_torch_device(self, node: cst.Call) -> None:
