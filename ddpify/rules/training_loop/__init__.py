@@ -1,3 +1,6 @@
 from ddpify.rules.base import Rule
+from ddpify.rules.training_loop.ddp041_lr_not_scaled import LrNotScaled
+from ddpify.rules.training_loop.ddp043_amp_legacy_api import AmpLegacyApi
+from ddpify.rules.training_loop.ddp044_clip_without_unscale import ClipWithoutUnscale
 
-RULES: list[type[Rule]] = []
+RULES: list[type[Rule]] = [LrNotScaled, AmpLegacyApi, ClipWithoutUnscale]

@@ -1,0 +1,81 @@
+"""Facts the training-loop rules share: is the script distributed, statement insertion."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+if TYPE_CHECKING:
+    from ddpify.engine import Context
+
+# Calls that only a multi-process script makes.
+DISTRIBUTED_CALLS = (
+    "torch.distributed.init_process_group",
+    "torch.distributed.device_mesh.init_device_mesh",
+    "torch.distributed.get_world_size",
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.utils.data.DistributedSampler",
+    "torch.multiprocessing.spawn",
+)
+# What torchrun and torch.distributed.launch export to every worker.
+LAUNCHER_ENV = {"LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
+
+
+class _LauncherEnvFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if node.evaluated_value in LAUNCHER_ENV:
+            self.found = True
+
+
+def is_distributed(context: Context) -> bool:
+    """Whether the script runs as several processes (call only from `leave_Module`).
+
+    The environment scan walks the tree again, so callers ask only once they have
+    something to report.
+    """
+    if context.model.calls_any(*DISTRIBUTED_CALLS):
+        return True
+    finder = _LauncherEnvFinder()
+    context.module.visit(finder)
+    return finder.found
+
+
+def block_indent(ancestors: Sequence[cst.CSTNode], default_indent: str) -> str:
+    """The absolute indentation of the statements of the innermost block in `ancestors`."""
+    return "".join(
+        node.indent if node.indent is not None else default_indent
+        for node in ancestors
+        if isinstance(node, cst.IndentedBlock)
+    )
+
+
+def insert_before(
+    module: cst.Module,
+    ancestors: Sequence[cst.CSTNode],
+    statement: cst.BaseStatement,
+    new: cst.SimpleStatementLine,
+) -> tuple[cst.CSTNode, cst.CSTNode] | None:
+    """A (old, new) replacement that puts `new` just above `statement`.
+
+    `ancestors` runs from the module down to (at least) `statement`. The replacement is
+    the whole enclosing block: a lone statement printed by libcst loses its indentation,
+    a block printed with its absolute indent keeps it. Comments above `statement` move
+    above `new`, so they still head the lines they described.
+    """
+    index = list(ancestors).index(statement)
+    block = ancestors[index - 1]
+    if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        return None
+    body = list(block.body)
+    position = body.index(statement)
+    moved = new.with_changes(leading_lines=statement.leading_lines)
+    body[position : position + 1] = [moved, statement.with_changes(leading_lines=())]
+    if isinstance(block, cst.Module):
+        return block, block.with_changes(body=body)
+    indent = block_indent(ancestors[:index], module.default_indent)
+    return block, block.with_changes(body=body, indent=indent)

@@ -1,0 +1,179 @@
+"""Helpers of the training-loop rules, and DDP041's opt-in status."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, WhitespaceInclusivePositionProvider
+
+from ddpify.diagnostics import Edit, Location
+from ddpify.engine import Context, run_rules
+from ddpify.fixes import apply_edits
+from ddpify.rules import select_rules
+from ddpify.rules.base import Rule
+from ddpify.rules.training_loop._common import insert_before, is_distributed
+from ddpify.rules.training_loop.ddp041_lr_not_scaled import looks_unscaled
+from ddpify.rules.training_loop.ddp043_amp_legacy_api import in_compat_shim
+from tests.helpers import codes
+
+
+def _distributed(source: str) -> bool:
+    answers = []
+
+    class Probe(Rule):
+        CODE, NAME = "DDP999", "probe"
+
+        def leave_Module(self, node: cst.Module) -> None:
+            answers.append(is_distributed(self.context))
+
+    run_rules(cst.parse_module(source), [Probe])
+    return answers[0]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch.distributed as dist\ndist.init_process_group('nccl')\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(net)\n",
+        "from torch.utils.data.distributed import DistributedSampler as DS\ns = DS(data)\n",
+        "import torch.multiprocessing as mp\nmp.spawn(main, nprocs=2)\n",
+        "import os\nrank = int(os.environ['LOCAL_RANK'])\n",
+        "import os\nworld = int(os.getenv('WORLD_SIZE', '1'))\n",
+    ],
+)
+def test_distributed_scripts_are_recognised(source):
+    assert _distributed(source)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nmodel = torch.nn.Linear(2, 2).cuda()\n",
+        "import torch.distributed as dist\n",  # imported, never used
+        "import os\nname = os.environ['USER']\n",
+    ],
+)
+def test_single_process_scripts_are_not(source):
+    assert not _distributed(source)
+
+
+def _insert(source: str, target: str) -> str:
+    """Insert `NEW()` above the statement whose code is `target`, via the replacement."""
+    module = cst.parse_module(source)
+    found = []
+
+    class Find(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.stack: list[cst.CSTNode] = []
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            self.stack.append(node)
+            if isinstance(node, cst.SimpleStatementLine) and module.code_for_node(
+                node
+            ).strip().endswith(target):
+                found.append(list(self.stack))
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            self.stack.pop()
+
+    module.visit(Find())
+    ancestors = found[0]
+    new = cst.SimpleStatementLine([cst.Expr(cst.parse_expression("NEW()"))])
+    old, replacement = insert_before(module, ancestors, ancestors[-1], new)
+    span = MetadataWrapper(module, unsafe_skip_copy=True).resolve(
+        WhitespaceInclusivePositionProvider
+    )[old]
+    edit = Edit(
+        module.code_for_node(replacement),
+        Location(span.start.line, span.start.column + 1),
+        Location(span.end.line, span.end.column + 1),
+    )
+    return apply_edits(source, [edit])
+
+
+def test_insert_before_keeps_nested_indentation_and_comments():
+    source = (
+        "def f():\n"
+        "  for x in y:  # loop\n"
+        "      # about g\n"
+        "      g(x)\n"
+        "      if x:\n"
+        "          h(x)\n"
+    )
+    assert _insert(source, "g(x)") == source.replace(
+        "      # about g\n", "      # about g\n      NEW()\n"
+    )
+    assert _insert(source, "h(x)") == source.replace(
+        "          h(x)", "          NEW()\n          h(x)"
+    )
+
+
+def test_insert_before_at_module_level():
+    assert _insert("a()\nb()\n", "b()") == "a()\nNEW()\nb()\n"
+
+
+@pytest.mark.parametrize(
+    ("expression", "unscaled"),
+    [
+        ("0.1", True),
+        ("3e-4", True),
+        ("args.lr", True),
+        ("cfg.optim.base_lr", True),
+        ("config['learning_rate']", True),
+        ("lr", True),
+        ("args.lr * world_size", False),
+        ("get_lr(cfg)", False),
+        ("args.momentum", False),
+        ("config[key]", False),
+    ],
+)
+def test_looks_unscaled(expression, unscaled):
+    assert looks_unscaled(cst.parse_expression(expression)) is unscaled
+
+
+def _ancestors_of_call(source: str) -> list[cst.CSTNode]:
+    context = Context(cst.parse_module(source))
+    found = []
+
+    class Find(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            context.ancestors.append(node)
+            if isinstance(node, cst.Call) and not found:
+                found.append(list(context.ancestors))
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            context.ancestors.pop()
+
+    context.module.visit(Find())
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    ("source", "shim"),
+    [
+        ("try:\n    pass\nexcept ImportError:\n    s = make()\n", True),
+        ("try:\n    s = make()\nexcept (AttributeError, TypeError):\n    pass\n", True),
+        ("if hasattr(torch, 'amp'):\n    s = make()\n", True),
+        ("if torch.__version__ < '2.4':\n    pass\nelse:\n    s = make()\n", True),
+        ("try:\n    s = make()\nfinally:\n    cleanup\n", False),
+        ("if args.amp:\n    s = make()\n", False),
+    ],
+)
+def test_compat_shims(source, shim):
+    assert in_compat_shim(_ancestors_of_call(source)) is shim
+
+
+LR_SCRIPT = (
+    "import torch\nimport torch.distributed as dist\n"
+    "dist.init_process_group('nccl')\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+)
+
+
+def test_lr_rule_is_opt_in():
+    assert "DDP041" not in {rule.CODE for rule in select_rules()}
+    assert "DDP041" not in codes(LR_SCRIPT)
+    assert "DDP041" in codes(LR_SCRIPT, ["DDP041"])
+    assert "DDP041" in {rule.CODE for rule in select_rules(extend_select=["DDP041"])}

@@ -1,0 +1,291 @@
+"""Fixes of the training-loop rules: DDP043's rename to torch.amp, DDP044's unscale_."""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+
+import pytest
+
+from tests.helpers import codes, fix, lint
+
+
+def _dedent(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def _fixed_cleanly(source: str, code: str, unsafe: bool = False) -> str:
+    fixed = fix(source, [code], unsafe=unsafe)
+    compile(fixed, "fixed.py", "exec")
+    assert code not in codes(fixed, [code])
+    return fixed
+
+
+# -- DDP043 -----------------------------------------------------------------------------
+
+AMP_CASES = [
+    pytest.param(
+        "import torch\nscaler = torch.cuda.amp.GradScaler()\n",
+        'import torch\nscaler = torch.amp.GradScaler("cuda")\n',
+        id="scaler-no-args",
+    ),
+    pytest.param(
+        "import torch as th\nscaler = th.cuda.amp.GradScaler(2.0**10, enabled=True)\n",
+        'import torch as th\nscaler = th.amp.GradScaler("cuda", 2.0**10, enabled=True)\n',
+        id="alias-positional-scaler-args-keep-their-place",
+    ),
+    pytest.param(
+        "import torch\nwith torch.cuda.amp.autocast(True, torch.bfloat16):\n    pass\n",
+        'import torch\nwith torch.amp.autocast("cuda", enabled=True, dtype=torch.bfloat16):\n'
+        "    pass\n",
+        id="autocast-positional-args-become-keywords",
+    ),
+    pytest.param(
+        "import torch\nwith torch.cpu.amp.autocast(dtype=torch.bfloat16):\n    pass\n",
+        'import torch\nwith torch.amp.autocast("cpu", dtype=torch.bfloat16):\n    pass\n',
+        id="cpu",
+    ),
+    pytest.param(
+        "import torch\n"
+        "scaler = torch.cuda.amp.GradScaler(\n"
+        "    init_scale=1024,  # small models\n"
+        "    growth_interval=100,\n"
+        ")\n",
+        "import torch\n"
+        "scaler = torch.amp.GradScaler(\n"
+        '    "cuda",\n'
+        "    init_scale=1024,  # small models\n"
+        "    growth_interval=100,\n"
+        ")\n",
+        id="multi-line-with-comment",
+    ),
+    pytest.param(
+        "import torch\nfrom torch.cuda import amp\nwith amp.autocast():\n    pass\n",
+        'import torch\nfrom torch.cuda import amp\nwith torch.amp.autocast("cuda"):\n    pass\n',
+        id="module-alias-through-top-level-torch",
+    ),
+    pytest.param(
+        "import torch\n"
+        "\n"
+        "\n"
+        "class Trainer:\n"
+        "    @torch.cuda.amp.autocast()\n"
+        "    def forward(self, x):\n"
+        "        return x\n",
+        "import torch\n"
+        "\n"
+        "\n"
+        "class Trainer:\n"
+        '    @torch.amp.autocast("cuda")\n'
+        "    def forward(self, x):\n"
+        "        return x\n",
+        id="decorator-in-class",
+    ),
+]
+
+
+@pytest.mark.parametrize(("source", "expected"), AMP_CASES)
+def test_amp_call_sites_are_renamed(source, expected):
+    assert _fixed_cleanly(source, "DDP043") == expected
+
+
+def test_from_import_is_rewritten_with_every_call_in_one_fix():
+    source = _dedent(
+        """
+        import torch
+        from torch.cuda.amp import GradScaler, autocast as amp_autocast  # legacy
+
+
+        def main(model, x):
+            scaler = GradScaler(enabled=True)
+            with amp_autocast():
+                loss = model(x).sum()
+            with amp_autocast(False):
+                loss = loss + model(x).sum()
+            return scaler, loss
+        """
+    )
+    expected = _dedent(
+        """
+        import torch
+        from torch.amp import GradScaler, autocast as amp_autocast  # legacy
+
+
+        def main(model, x):
+            scaler = GradScaler("cuda", enabled=True)
+            with amp_autocast("cuda"):
+                loss = model(x).sum()
+            with amp_autocast("cuda", enabled=False):
+                loss = loss + model(x).sum()
+            return scaler, loss
+        """
+    )
+    diagnostics = lint(source, ["DDP043"])
+    assert len(diagnostics) == 3
+    # Any one diagnostic's fix alone leaves a working script: it carries all the edits.
+    assert {len(d.fix.edits) for d in diagnostics} == {4}
+    assert _fixed_cleanly(source, "DDP043") == expected
+
+
+def test_fixed_cpu_code_runs_without_deprecation_warnings():
+    source = _dedent(
+        """
+        import torch
+        from torch.cpu.amp import autocast
+
+        model = torch.nn.Linear(4, 4)
+        with autocast(True, torch.bfloat16):
+            out = model(torch.randn(2, 4))
+        scaler = torch.cpu.amp.GradScaler(enabled=False)
+        """
+    )
+    fixed = _fixed_cleanly(source, "DDP043")
+    namespace: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        exec(compile(fixed, "fixed.py", "exec"), namespace)
+    assert namespace["out"].dtype is __import__("torch").bfloat16
+    assert namespace["scaler"].is_enabled() is False
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(
+            "import contextlib\nfrom torch.cuda.amp import autocast\n"
+            "ctx = autocast if True else contextlib.nullcontext\nwith autocast():\n    pass\n",
+            id="name-also-used-as-a-value",
+        ),
+        pytest.param(
+            "from torch.cuda.amp import autocast, custom_fwd\nwith autocast():\n    pass\n",
+            id="import-holds-other-names",
+        ),
+        pytest.param(
+            "import torch\nargs = (True,)\nwith torch.cuda.amp.autocast(*args):\n    pass\n",
+            id="star-args-hide-positions",
+        ),
+        pytest.param(
+            "from torch.cuda import amp\nwith amp.autocast():\n    pass\n",
+            id="no-torch-name-to-spell-torch-amp",
+        ),
+    ],
+)
+def test_amp_fix_is_withheld_when_it_could_break_the_script(source):
+    assert "DDP043" in codes(source, ["DDP043"])
+    assert fix(source, ["DDP043"], unsafe=True) == source
+
+
+# -- DDP044 -----------------------------------------------------------------------------
+
+
+def test_unscale_is_inserted_above_the_clip_and_its_comment():
+    source = _dedent(
+        """
+        import torch
+        from torch import nn
+
+
+        def train(model, loader, optimizer, scaler):
+            for x, y in loader:
+                scaler.scale(model(x).sub(y).pow(2).mean()).backward()
+
+                # keep updates bounded
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # max norm
+                scaler.step(optimizer)
+                scaler.update()
+        """
+    )
+    expected = source.replace(
+        "\n        # keep updates bounded\n",
+        "\n        # keep updates bounded\n        scaler.unscale_(optimizer)\n",
+    )
+    assert _fixed_cleanly(source, "DDP044") == expected
+
+
+def test_unscale_goes_into_the_accumulation_block_of_a_method():
+    source = _dedent(
+        """
+        import torch
+
+
+        class Trainer:
+            def step(self, i, loss):
+                self.scaler.scale(loss).backward()
+                if (i + 1) % 4 == 0:
+                    norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+        """
+    )
+    expected = source.replace(
+        "            norm =",
+        "            self.scaler.unscale_(self.optimizer)\n            norm =",
+    )
+    assert _fixed_cleanly(source, "DDP044") == expected
+
+
+def test_unscale_at_module_level():
+    source = _dedent(
+        """
+        import torch
+        scaler = torch.amp.GradScaler("cuda")
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_value_(params, 0.5)
+        scaler.step(opt)
+        """
+    )
+    expected = source.replace("torch.nn.utils.clip", "scaler.unscale_(opt)\ntorch.nn.utils.clip")
+    assert _fixed_cleanly(source, "DDP044") == expected
+
+
+def test_clip_outside_the_amp_branch_needs_unsafe_fixes():
+    source = _dedent(
+        """
+        import torch
+
+
+        def train(model, loss, optimizer, scaler, use_amp):
+            if use_amp:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if use_amp:
+                scaler.step(optimizer)
+        """
+    )
+    assert fix(source, ["DDP044"]) == source
+    fixed = _fixed_cleanly(source, "DDP044", unsafe=True)
+    assert "    scaler.unscale_(optimizer)\n    torch.nn.utils.clip" in fixed
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(
+            "import torch\n"
+            "scaler.scale(loss).backward()\n"
+            "for group in opt.param_groups:\n"
+            "    torch.nn.utils.clip_grad_norm_(group['params'], 1.0)\n"
+            "scaler.step(opt)\n",
+            id="clip-in-a-loop-the-step-is-not-in",
+        ),
+        pytest.param(
+            "import torch\n"
+            "scaler.scale(loss).backward()\n"
+            "torch.nn.utils.clip_grad_norm_(params, 1.0)\n"
+            "scaler.step(optimizers[0])\n",
+            id="optimizer-is-not-a-plain-name",
+        ),
+        pytest.param(
+            "import torch\n"
+            "scaler.scale(loss).backward()\n"
+            "log(torch.nn.utils.clip_grad_norm_(params, 1.0))\n"
+            "scaler.step(opt)\n",
+            id="clip-is-not-a-statement-of-its-own",
+        ),
+    ],
+)
+def test_unscale_fix_is_withheld_when_ambiguous(source):
+    assert "DDP044" in codes(source, ["DDP044"])
+    assert fix(source, ["DDP044"], unsafe=True) == source
