@@ -8,10 +8,12 @@ from collections.abc import Sequence
 import libcst as cst
 
 from ddpify.analysis.names import ImportMap, dotted
+from ddpify.walk import children
 
 DIST = "torch.distributed"
 INIT_PROCESS_GROUP = f"{DIST}.init_process_group"
 DESTROY_PROCESS_GROUP = f"{DIST}.destroy_process_group"
+DESTROY_CALLS = (DESTROY_PROCESS_GROUP, f"{DIST}.distributed_c10d.destroy_process_group")
 # `init_device_mesh` initialises the default group itself when none exists.
 INIT_CALLS = (INIT_PROCESS_GROUP, f"{DIST}.device_mesh.init_device_mesh")
 MP_SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes")
@@ -38,6 +40,13 @@ _CLEANUP_NAME = re.compile(
     rf"^(ddp_)?(cleanup|clean_up|teardown|tear_down)$"
     rf"|{_CLEANUP_WORD}_(.*_)?{_DIST_WORD}(_|$)|(^|_){_DIST_WORD}_{_CLEANUP_WORD}"
 )
+
+
+def callee_name(expr: cst.BaseExpression) -> str | None:
+    """The last identifier of a callee, cheaply: a filter to run before `qualify`."""
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    return expr.value if isinstance(expr, cst.Name) else None
 
 
 def last_name(expr: cst.BaseExpression) -> str | None:
@@ -86,14 +95,21 @@ def _first_arg_string(call: cst.Call) -> str | None:
 
 def environ_subscript_key(node: cst.Subscript, imports: ImportMap) -> str | None:
     """`KEY` of `os.environ["KEY"]`."""
-    if imports.qualify(node.value) != "os.environ" or len(node.slice) != 1:
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
         return None
-    index = node.slice[0].slice
-    return string_value(index.value) if isinstance(index, cst.Index) else None
+    key = string_value(node.slice[0].slice.value)
+    if key is None or imports.qualify(node.value) != "os.environ":
+        return None
+    return key
+
+
+_ENVIRON_METHODS = {"get", "getenv", "pop", "setdefault"}
 
 
 def environ_call_key(call: cst.Call, imports: ImportMap) -> tuple[str, str] | None:
     """(`get`, `KEY`) for `os.environ.get("KEY")`, `os.getenv("KEY")`, `os.environ.setdefault`."""
+    if callee_name(call.func) not in _ENVIRON_METHODS:
+        return None
     name = imports.qualify(call.func)
     if name == "os.getenv":
         method = "get"
@@ -165,16 +181,24 @@ class EnvReads:
 
 def contains(node: cst.CSTNode, predicate) -> bool:
     """Whether `predicate` holds for `node` or any node below it."""
-    found = False
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if predicate(current):
+            return True
+        stack.extend(children(current))
+    return False
 
-    class _Search(cst.CSTVisitor):
-        def on_visit(self, child: cst.CSTNode) -> bool:
-            nonlocal found
-            if not found and predicate(child):
-                found = True
-            return not found
 
-    node.visit(_Search())
+def top_level_nodes(module: cst.Module) -> set[int]:
+    """Ids of the nodes that run at import time: everything outside function bodies."""
+    found: set[int] = set()
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        current = stack.pop()
+        found.add(id(current))
+        if not isinstance(current, (cst.FunctionDef, cst.Lambda)):
+            stack.extend(children(current))
     return found
 
 

@@ -11,6 +11,7 @@ from ddpify.rules.base import Rule
 from ddpify.rules.process_group._common import (
     DIST,
     INIT_CALLS,
+    callee_name,
     contains,
     in_function,
     is_dist_guard_call,
@@ -18,11 +19,12 @@ from ddpify.rules.process_group._common import (
     is_setup_name,
     last_name,
 )
+from ddpify.walk import walk
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 SAMPLER = "torch.utils.data.DistributedSampler"
 # torch.distributed functions that raise without a default process group.
-NEEDS_GROUP = {
+NEEDS_GROUP = tuple(
     f"{DIST}.{name}"
     for name in (
         "all_gather all_gather_into_tensor all_gather_object all_reduce all_to_all "
@@ -31,7 +33,8 @@ NEEDS_GROUP = {
         "new_group recv reduce reduce_scatter reduce_scatter_tensor scatter "
         "scatter_object_list send"
     ).split()
-}
+)
+_INIT_NAMES = {name.rsplit(".", 1)[-1] for name in INIT_CALLS}
 
 
 @dataclass
@@ -46,7 +49,6 @@ class _Use:
 @dataclass
 class _HelperCall:
     name: str
-    callee: cst.BaseExpression
     setup_named: bool
 
 
@@ -62,9 +64,7 @@ def _conditions(ancestors: list[cst.CSTNode]) -> list[cst.CSTNode]:
     found: list[cst.CSTNode] = []
     for depth in range(len(ancestors) - 2, -1, -1):
         parent, child = ancestors[depth], ancestors[depth + 1]
-        if isinstance(parent, (cst.If, cst.While)) and child is not parent.test:
-            found.append(parent.test)
-        elif isinstance(parent, cst.IfExp) and child is not parent.test:
+        if isinstance(parent, (cst.If, cst.While, cst.IfExp)) and child is not parent.test:
             found.append(parent.test)
         elif isinstance(parent, cst.BooleanOperation) and child is parent.right:
             found.append(parent.left)
@@ -77,6 +77,29 @@ def _conditions(ancestors: list[cst.CSTNode]) -> list[cst.CSTNode]:
                 if isinstance(stmt, cst.If) and _exits(stmt.body):
                     found.append(stmt.test)
     return found
+
+
+class _Scan:
+    """One walk, only for files that use a group and never create it: where each use sits."""
+
+    def __init__(self, use_ids: set[int]) -> None:
+        self.use_ids = use_ids
+        self.ancestors: list[cst.CSTNode] = []
+        self.uses: list[_Use] = []
+        self.calls: list[cst.Call] = []
+
+    def enter(self, node: cst.CSTNode) -> None:
+        self.ancestors.append(node)
+        if not isinstance(node, cst.Call):
+            return
+        if id(node) in self.use_ids:
+            ancestors = self.ancestors
+            self.uses.append(_Use(node, _conditions(ancestors), not in_function(ancestors)))
+        else:
+            self.calls.append(node)
+
+    def leave(self, node: cst.CSTNode) -> None:
+        self.ancestors.pop()
 
 
 def _samples_explicitly(call: cst.Call) -> bool:
@@ -105,9 +128,7 @@ class NoInitProcessGroup(Rule):
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        self.uses: list[_Use] = []
-        self.helpers: list[_HelperCall] = []
-        self.initialises = False
+        self.init_referenced = False
         self.relative_imports: set[str] = set()
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
@@ -119,54 +140,32 @@ class NoInitProcessGroup(Rule):
 
     def visit_Arg(self, node: cst.Arg) -> None:
         # `partial(dist.init_process_group, ...)`, `executor.submit(init_process_group)`.
-        if self.context.qualify(node.value) in INIT_CALLS:
-            self.initialises = True
-
-    def visit_Call(self, node: cst.Call) -> None:
-        name = self.context.qualify(node.func)
-        if name in INIT_CALLS:
-            self.initialises = True
-        elif self._needs_group(node, name):
-            ancestors = self.context.ancestors
-            self.uses.append(_Use(node, _conditions(ancestors), not in_function(ancestors)))
-        elif name is None or not name.startswith("torch"):
-            self._note_helper(node)
-
-    def _needs_group(self, node: cst.Call, name: str | None) -> bool:
-        if name == DDP or name in NEEDS_GROUP:
-            return True
-        return name == SAMPLER and not _samples_explicitly(node)
-
-    def _note_helper(self, node: cst.Call) -> None:
-        name = last_name(node.func)
-        if name is None:
-            return
-        if is_setup_name(name):
-            self.helpers.append(_HelperCall(name, node.func, setup_named=True))
-        elif self._imported(node.func) and _mentions_rank_or_world(node):
-            self.helpers.append(_HelperCall(name, node.func, setup_named=False))
-
-    def _imported(self, callee: cst.BaseExpression) -> bool:
-        path = dotted(callee)
-        if path is None:
-            return False
-        head = path.split(".")[0]
-        return head in self.relative_imports or head in self.context.imports.aliases
+        if callee_name(node.value) in _INIT_NAMES:
+            self.init_referenced |= self.context.qualify(node.value) in INIT_CALLS
 
     def leave_Module(self, node: cst.Module) -> None:
-        if self.initialises or not self.uses or self.context.model.framework:
+        model = self.context.model
+        if self.init_referenced or model.calls_any(*INIT_CALLS) or model.framework:
             return
-        top_level = any(use.top_level for use in self.uses)
-        if not top_level and not is_entry_script(node, self.context.model.functions):
+        use_nodes = model.calls_to(DDP, *NEEDS_GROUP) + [
+            call for call in model.calls_to(SAMPLER) if not _samples_explicitly(call)
+        ]
+        if not use_nodes:
+            return
+        scan = _Scan({id(call) for call in use_nodes})
+        walk(node, scan.enter, scan.leave)
+        top_level = any(use.top_level for use in scan.uses)
+        if not top_level and not is_entry_script(node, model.functions):
             return  # a library module: the caller initialises
-        uses = [use for use in self.uses if not self._guarded(use)]
+        uses = [use for use in scan.uses if not self._guarded(use)]
         if not uses:
             return
-        severity, helper = self._severity()
-        if severity is None:
-            return
-        first = uses[0].node
-        callee = self.context.code(first.func)
+        severity, helper = self._severity(scan.calls)
+        if severity is not None:
+            self._report(uses[0].node, severity, helper)
+
+    def _report(self, use: cst.Call, severity: Severity, helper: str | None) -> None:
+        callee = self.context.code(use.func)
         if helper is None:
             message = (
                 f"`{callee}(...)` needs a process group, but `init_process_group` is never "
@@ -177,21 +176,41 @@ class NoInitProcessGroup(Rule):
                 f"`{callee}(...)` needs a process group and this file never calls "
                 f"`init_process_group`; make sure `{helper}(...)` initialises it"
             )
-        self.report(first.func, message, severity=severity)
+        self.report(use.func, message, severity=severity)
 
-    def _severity(self) -> tuple[Severity | None, str | None]:
+    def _severity(self, calls: list[cst.Call]) -> tuple[Severity | None, str | None]:
         """Error, or info naming a helper that may initialise; None when one surely does."""
         functions = self.context.model.functions
         info_helper = None
-        for helper in self.helpers:
-            local = helper.name in functions
-            if helper.setup_named and not local:
+        for helper in filter(None, map(self._helper, calls)):
+            if helper.setup_named and helper.name not in functions:
                 return None, helper.name  # `init_distributed_mode(args)` from a utils module
             if info_helper is None:
                 info_helper = helper.name
         if info_helper is not None:
             return Severity.INFO, info_helper
         return Severity.ERROR, None
+
+    def _helper(self, call: cst.Call) -> _HelperCall | None:
+        """A call that may create the group out of sight: a set-up helper, or one given ranks."""
+        name = last_name(call.func)
+        if name is None:
+            return None
+        qualified = self.context.qualify(call.func)
+        if qualified is not None and qualified.startswith("torch"):
+            return None
+        if is_setup_name(name):
+            return _HelperCall(name, setup_named=True)
+        if self._imported(call.func) and _mentions_rank_or_world(call):
+            return _HelperCall(name, setup_named=False)
+        return None
+
+    def _imported(self, callee: cst.BaseExpression) -> bool:
+        path = dotted(callee)
+        if path is None:
+            return False
+        head = path.split(".")[0]
+        return head in self.relative_imports or head in self.context.imports.aliases
 
     def _guarded(self, use: _Use) -> bool:
         return any(contains(cond, self._is_guard) for cond in use.conditions)

@@ -5,13 +5,15 @@ import libcst as cst
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.process_group._common import (
-    DESTROY_PROCESS_GROUP,
+    DESTROY_CALLS,
     INIT_PROCESS_GROUP,
-    in_function,
+    callee_name,
     is_cleanup_name,
     is_entry_script,
-    last_name,
+    top_level_nodes,
 )
+
+_DESTROY_NAME = "destroy_process_group"
 
 
 class NoDestroyProcessGroup(Rule):
@@ -27,41 +29,35 @@ class NoDestroyProcessGroup(Rule):
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        self.init_call: cst.Call | None = None
-        self.init_at_top_level = False
-        self.destroys = False
+        self.destroy_referenced = False
         # `utils.cleanup_distributed()` defined elsewhere may destroy the group.
         self.cleanup_helpers: list[str] = []
 
     def visit_Arg(self, node: cst.Arg) -> None:
         # `atexit.register(dist.destroy_process_group)`
-        if self.context.qualify(node.value) == DESTROY_PROCESS_GROUP:
-            self.destroys = True
+        if callee_name(node.value) == _DESTROY_NAME:
+            self.destroy_referenced |= self.context.qualify(node.value) in DESTROY_CALLS
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = self.context.qualify(node.func)
-        if name == DESTROY_PROCESS_GROUP:
-            self.destroys = True
-        elif name == INIT_PROCESS_GROUP:
-            if self.init_call is None:
-                self.init_call = node
-            self.init_at_top_level |= not in_function(self.context.ancestors)
-        elif name is None or not name.startswith("torch"):
-            helper = last_name(node.func)
-            if helper and is_cleanup_name(helper):
-                self.cleanup_helpers.append(helper)
+        name = callee_name(node.func)
+        if name and name != _DESTROY_NAME and is_cleanup_name(name):
+            self.cleanup_helpers.append(name)
 
     def leave_Module(self, node: cst.Module) -> None:
-        if self.init_call is None or self.destroys or self.context.model.framework:
+        model = self.context.model
+        inits = model.calls_to(INIT_PROCESS_GROUP)
+        if not inits or self.destroy_referenced or model.calls_any(*DESTROY_CALLS):
             return
-        functions = self.context.model.functions
-        if any(helper not in functions for helper in self.cleanup_helpers):
+        if model.framework:
             return
-        if self.init_at_top_level or is_entry_script(node, functions):
-            self.report(self.init_call.func)
+        if any(helper not in model.functions for helper in self.cleanup_helpers):
+            return
+        top_level = top_level_nodes(node)
+        if any(id(call) in top_level for call in inits) or is_entry_script(node, model.functions):
+            self.report(inits[0].func)
             return
         self.report(
-            self.init_call.func,
+            inits[0].func,
             "`init_process_group` is called in this module but `destroy_process_group` is "
             "not; make sure the caller calls `dist.destroy_process_group()` when training ends",
             severity=Severity.INFO,

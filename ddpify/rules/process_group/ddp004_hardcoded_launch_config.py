@@ -13,6 +13,7 @@ from ddpify.rules.process_group._common import (
     MP_SPAWN,
     TORCHRUN_ENV,
     EnvReads,
+    callee_name,
     contains,
     environ_call_key,
     environ_subscript_key,
@@ -22,6 +23,7 @@ from ddpify.rules.process_group._common import (
 )
 
 DEVICE_COUNT = "torch.cuda.device_count"
+_INTERESTING_CALLEES = {"spawn", "start_processes", "update", "putenv"}
 _TORCHRUN_FLAG = {"MASTER_ADDR": "--master-addr", "MASTER_PORT": "--master-port"}
 
 
@@ -46,7 +48,6 @@ class HardcodedLaunchConfig(Rule):
         super().__init__(context)
         self.env = EnvReads()
         self.findings: list[_Finding] = []
-        self.init_calls: list[cst.Call] = []
         self.spawns: list[tuple[cst.Call, bool]] = []
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
@@ -64,10 +65,11 @@ class HardcodedLaunchConfig(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         self.env.observe_call(node, self.context.imports)
+        callee = callee_name(node.func)
+        if callee not in _INTERESTING_CALLEES:
+            return
         name = self.context.qualify(node.func)
-        if name == INIT_PROCESS_GROUP:
-            self.init_calls.append(node)
-        elif name in MP_SPAWN:
+        if name in MP_SPAWN:
             self.spawns.append((node, self._under_env_test()))
         elif name == "os.environ.update":
             self._environ_update(node)
@@ -126,7 +128,7 @@ class HardcodedLaunchConfig(Rule):
     def leave_Module(self, node: cst.Module) -> None:
         if self.context.model.framework:
             return
-        for call in self.init_calls:
+        for call in self.context.model.calls_to(INIT_PROCESS_GROUP):
             self._check_init(call)
         torchrun = self.env.torchrun
         dual_launcher = any(conditional for _, conditional in self.spawns)
