@@ -1,0 +1,485 @@
+"""Facts the rank-0 rules share: where each helper is called from, which names hold the
+DDP wrapper at a point of the script, and whether a node runs on rank 0 only.
+
+The engine visits once; the rules record candidates with a snapshot of their ancestors
+and decide in `leave_Module`, when every helper's call sites are known. Snapshots are
+tuples of references, so recording is cheap; guards are evaluated only for candidates
+and for the call sites of helpers that contain one.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from ddpify.analysis.guards import Guard, Scope, classify, rank_zero_scope
+from ddpify.analysis.model import unwrap_call_chain
+from ddpify.analysis.names import dotted
+from ddpify.rules.base import Rule
+
+if TYPE_CHECKING:
+    from ddpify.engine import Context
+
+Ancestors = tuple[cst.CSTNode, ...]
+
+DIST = "torch.distributed"
+DDP = "torch.nn.parallel.DistributedDataParallel"
+SPAWN_CALLS = {
+    "torch.multiprocessing.spawn",
+    "torch.multiprocessing.start_processes",
+}
+PROCESS_CALLS = {"multiprocessing.Process", "torch.multiprocessing.Process"}
+# Anything here means the script runs as several processes.
+_DISTRIBUTED_CALLS = {DDP, "torch.utils.data.DistributedSampler", *SPAWN_CALLS}
+_DISTRIBUTED_STRINGS = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "--local_rank",
+    "--local-rank",
+}
+_PER_PROCESS_IDENTIFIERS = {"gpu", "gpu_id", "local_gpu", "device_id", "gpu_idx"}
+_MAIN_PREDICATE = re.compile(
+    r"^(is_|on_)?(local_|global_)?(main|master|primary|chief|rank_?0|rank_?zero|global_zero)"
+    r"(_process|_proc|_rank|_node|_worker|_gpu)?(_only)?$"
+)
+
+_facts: weakref.WeakKeyDictionary[Context, RankZeroFacts] = weakref.WeakKeyDictionary()
+
+
+def facts_for(context: Context) -> RankZeroFacts:
+    """One shared record per linted file, whichever of the rank-0 rules are enabled."""
+    found = _facts.get(context)
+    if found is None:
+        found = _facts[context] = RankZeroFacts(context)
+    return found
+
+
+def mentions_rank(node: cst.CSTNode) -> bool:
+    """Whether an expression names a rank or a rank-0 predicate (`rank`, `is_main`...).
+
+    Only identifiers count: the text `"rank0.pt"` is the same file on every rank.
+    """
+    for name in _names(node):
+        lowered = name.lower()
+        if "rank" in lowered or lowered in _PER_PROCESS_IDENTIFIERS:
+            return True
+        if _MAIN_PREDICATE.match(lowered):
+            return True
+    return False
+
+
+def _names(node: cst.CSTNode) -> Iterator[str]:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            yield current.value
+        stack.extend(current.children)
+
+
+def keyword_arg(call: cst.Call, *keywords: str) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in keywords:
+            return arg
+    return None
+
+
+def positional_arg(call: cst.Call, index: int) -> cst.Arg | None:
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[index] if index < len(positional) else None
+
+
+def last_name(expr: cst.BaseExpression) -> str | None:
+    name = dotted(expr)
+    return name.rsplit(".", 1)[-1] if name else None
+
+
+def innermost(ancestors: Sequence[cst.CSTNode], *types: type) -> cst.CSTNode | None:
+    for node in reversed(ancestors):
+        if isinstance(node, types):
+            return node
+    return None
+
+
+def statement_of(ancestors: Sequence[cst.CSTNode]) -> cst.CSTNode | None:
+    """The statement a node belongs to: one finding per statement is enough."""
+    return innermost(ancestors, cst.SimpleStatementLine, cst.BaseCompoundStatement)
+
+
+# -- guards -------------------------------------------------------------------------------
+
+
+def _is_main_check(test: cst.BaseExpression) -> bool:
+    """`__name__ == "__main__"`."""
+    return (
+        isinstance(test, cst.Comparison)
+        and isinstance(test.left, cst.Name)
+        and test.left.value == "__name__"
+    )
+
+
+def expression_guard(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
+    """Rank-0 guards inside expressions: `X if rank == 0 else None`, `is_main and X`.
+
+    `rank_zero_scope` only looks at statements.
+    """
+    for parent, child in zip(ancestors, ancestors[1:]):
+        if isinstance(parent, cst.IfExp):
+            guard = classify(parent.test)
+            if guard and child is (parent.body if guard[0] is Guard.RANK_ZERO else parent.orelse):
+                return guard[1]
+        elif isinstance(parent, cst.BooleanOperation) and child is parent.right:
+            guard = classify(parent.left)
+            wanted = Guard.RANK_ZERO if isinstance(parent.operator, cst.And) else Guard.NON_ZERO
+            if guard and guard[0] is wanted:
+                return guard[1]
+    return None
+
+
+def direct_scope(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
+    """The strongest rank-0 guard around the last node: a global one beats a local one."""
+    scope = rank_zero_scope(ancestors) or expression_guard(ancestors)
+    if scope is not Scope.LOCAL:
+        return scope
+    # `if local_rank == 0:` nested in `if rank == 0:` is still global rank 0.
+    for depth in range(len(ancestors) - 1, 0, -1):
+        if rank_zero_scope(ancestors[: depth + 1]) is Scope.GLOBAL:
+            return Scope.GLOBAL
+    return scope
+
+
+def non_zero_guarded(ancestors: Sequence[cst.CSTNode]) -> bool:
+    """Whether the last node runs on the ranks other than 0 (`if rank != 0:`, `else:`)."""
+    for parent, child in zip(ancestors, ancestors[1:]):
+        if isinstance(parent, cst.If):
+            guard = classify(parent.test)
+            if guard is None:
+                continue
+            if (guard[0] is Guard.NON_ZERO and child is parent.body) or (
+                guard[0] is Guard.RANK_ZERO and child is parent.orelse
+            ):
+                return True
+    return False
+
+
+def under_main_block(ancestors: Sequence[cst.CSTNode]) -> bool:
+    return any(
+        isinstance(parent, cst.If) and child is parent.body and _is_main_check(parent.test)
+        for parent, child in zip(ancestors, ancestors[1:])
+    )
+
+
+# -- call sites of the script's own functions ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a function of the script is called or handed on (`mp.spawn(worker)`)."""
+
+    ancestors: Ancestors
+    every_rank: bool = False  # the target of mp.spawn / Process: runs in every worker
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Whether code runs on rank 0 only: `scope` None means on every rank."""
+
+    scope: Scope | None
+    known: bool = True  # False: a helper never called in this file
+    helper: str | None = None  # the function whose call sites decided it
+
+
+UNKNOWN = Resolution(None, known=False)
+EVERY_RANK = Resolution(None)
+
+
+# -- bindings -------------------------------------------------------------------------------
+
+
+@dataclass
+class Binding:
+    """One assignment `target = value` (or `target[...] = value`), in source order."""
+
+    seq: int
+    value: cst.BaseExpression
+    ancestors: Ancestors
+    conditions: frozenset[int]  # ids of the `if`s (in its scope) it depends on
+    item: bool = False  # `target[key] = value`: adds to the object, does not rebind
+
+
+@dataclass
+class RankZeroFacts:
+    context: Context
+    seq: int = 0
+    sites: dict[str, list[Site]] = field(default_factory=lambda: defaultdict(list))
+    method_sites: dict[str, list[Site]] = field(default_factory=lambda: defaultdict(list))
+    bindings: dict[tuple[int, str], list[Binding]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    distributed_strings: bool = False
+    _seen: dict[str, cst.CSTNode] = field(default_factory=dict)
+    _resolved: dict[tuple[str, bool, bool], Resolution] = field(default_factory=dict)
+
+    def first_visit(self, node: cst.CSTNode) -> bool:
+        """Several rules feed the facts; each node is recorded once."""
+        kind = type(node).__name__
+        if self._seen.get(kind) is node:
+            return False
+        self._seen[kind] = node
+        self.seq += 1
+        return True
+
+    # -- recording ---------------------------------------------------------------------
+
+    def record_call(self, call: cst.Call) -> None:
+        if not self.first_visit(call):
+            return
+        ancestors = tuple(self.context.ancestors)
+        qualified = self.context.qualify(call.func)
+        if qualified is None:
+            if isinstance(call.func, cst.Name):
+                self.sites[call.func.value].append(Site(ancestors))
+            elif isinstance(call.func, cst.Attribute):
+                self.method_sites[call.func.attr.value].append(Site(ancestors))
+        spawned = self._spawned_function(call, qualified)
+        for arg in call.args:
+            if isinstance(arg.value, cst.Name):
+                site = Site(ancestors, every_rank=arg.value is spawned)
+                self.sites[arg.value.value].append(site)
+            elif isinstance(arg.value, cst.Attribute) and self.context.qualify(arg.value) is None:
+                site = Site(ancestors, every_rank=arg.value is spawned)
+                self.method_sites[arg.value.attr.value].append(site)
+
+    @staticmethod
+    def _spawned_function(call: cst.Call, qualified: str | None) -> cst.BaseExpression | None:
+        arg = None
+        if qualified in SPAWN_CALLS:
+            arg = keyword_arg(call, "fn") or positional_arg(call, 0)
+        elif qualified in PROCESS_CALLS:
+            arg = keyword_arg(call, "target")
+        return arg.value if arg else None
+
+    def record_assign(self, node: cst.Assign | cst.AnnAssign) -> None:
+        if not self.first_visit(node) or node.value is None:
+            return
+        ancestors = tuple(self.context.ancestors)
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        else:
+            targets = [node.target]
+        for target in targets:
+            self._bind(target, node.value, ancestors)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, ancestors) -> None:
+        item = False
+        if isinstance(target, cst.Subscript):
+            target, item = target.value, True
+        name = dotted(target)
+        if name is not None:
+            key = (id(binding_scope(name, ancestors)), name)
+            conditions = _conditions(ancestors)
+            self.bindings[key].append(Binding(self.seq, value, ancestors, conditions, item))
+        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+            for t, v in zip(target.elements, value.elements):
+                self._bind(t.value, v.value, ancestors)
+
+    def record_string(self, node: cst.SimpleString) -> None:
+        if not self.distributed_strings and node.value.strip("'\"") in _DISTRIBUTED_STRINGS:
+            self.distributed_strings = True
+
+    # -- whole-file questions ----------------------------------------------------------
+
+    def is_distributed(self) -> bool:
+        """The script runs as several processes: a process group, DDP, a sampler, torchrun's
+        environment or mp.spawn. Plain single-process scripts print and save freely."""
+        calls = self.context.model.calls
+        return self.distributed_strings or any(
+            name in _DISTRIBUTED_CALLS or name.startswith(DIST + ".") for name in calls
+        )
+
+    def spawns_workers(self) -> bool:
+        """mp.spawn scripts: the `__main__` block runs once, in the launching process."""
+        return self.context.model.calls_any(*SPAWN_CALLS, *PROCESS_CALLS)
+
+    def resolve(self, ancestors: Ancestors, *, launcher_counts: bool = True) -> Resolution:
+        """Whether the last node of `ancestors` runs on rank 0 only.
+
+        A node in a helper inherits the weakest guard of the helper's call sites.
+        `launcher_counts`: code under `__main__` in an mp.spawn script runs once.
+        """
+        return self._resolve(ancestors, launcher_counts, set())
+
+    def _resolve(self, ancestors: Ancestors, launcher_counts: bool, active: set) -> Resolution:
+        scope = direct_scope(ancestors)
+        if scope is not None:
+            return Resolution(scope)
+        if launcher_counts and self.spawns_workers() and under_main_block(ancestors):
+            return Resolution(Scope.GLOBAL)
+        function = innermost(ancestors, cst.FunctionDef)
+        if function is None:
+            return EVERY_RANK
+        return self._function(function, ancestors, launcher_counts, active)
+
+    def _function(self, function, ancestors, launcher_counts, active) -> Resolution:
+        name = function.name.value
+        index = ancestors.index(function)
+        is_method = index > 1 and isinstance(ancestors[index - 2], cst.ClassDef)
+        key = (name, is_method, launcher_counts)
+        if key in self._resolved:
+            return self._resolved[key]
+        if key in active:  # recursion: the other call sites decide
+            return Resolution(Scope.GLOBAL)
+        active.add(key)
+        sites = self._sites_of(name, is_method, ancestors[index - 2] if is_method else None)
+        results = [
+            EVERY_RANK
+            if site.every_rank
+            else self._resolve(site.ancestors, launcher_counts, active)
+            for site in sites
+        ]
+        active.discard(key)
+        resolution = _weakest(results, name)
+        self._resolved[key] = resolution
+        return resolution
+
+    def _sites_of(self, name: str, is_method: bool, cls: cst.CSTNode | None) -> list[Site]:
+        if not is_method:
+            return self.sites.get(name, [])
+        if name == "__init__" and isinstance(cls, cst.ClassDef):
+            return self.sites.get(cls.name.value, [])
+        return self.method_sites.get(name, [])
+
+    # -- the DDP wrapper ---------------------------------------------------------------
+
+    def binding_of(self, name: str, ancestors: Ancestors, seq: int) -> Binding | None:
+        """The assignment that `name` refers to at the point `ancestors`/`seq`, if any."""
+        if name.startswith("self."):
+            cls = innermost(ancestors, cst.ClassDef)
+            found = self.bindings.get((id(cls), name), [])
+            rebinds = [b for b in found if not b.item]
+            before = [b for b in rebinds if b.seq < seq]
+            return (before or rebinds or [None])[-1]
+        for scope in _enclosing_scopes(ancestors):
+            found = [b for b in self.bindings.get((id(scope), name), []) if not b.item]
+            if isinstance(scope, cst.Module):
+                before = [b for b in found if b.seq < seq]
+                # A function reads a global when it runs, after the whole module ran.
+                if any(isinstance(a, cst.FunctionDef) for a in ancestors):
+                    before = found
+                return before[-1] if before else None
+            if found:
+                before = [b for b in found if b.seq < seq]
+                return before[-1] if before else None
+            if _is_parameter(scope, name):
+                return None
+        return None
+
+    def items_of(self, name: str, ancestors: Ancestors, seq: int) -> list[Binding]:
+        """`name[key] = value` assignments before `seq`, in the same scope."""
+        key = (id(binding_scope(name, ancestors)), name)
+        return [b for b in self.bindings.get(key, []) if b.item and b.seq < seq]
+
+    def wrapper_binding(self, expr: cst.BaseExpression, ancestors, seq) -> Binding | None:
+        """The DDP assignment `expr` (a name or `self.attr`) holds at that point, if any."""
+        name = dotted(expr)
+        if name is None:
+            return None
+        binding = self.binding_of(name, ancestors, seq)
+        if binding is None or not self.wraps_ddp(binding.value):
+            return None
+        return binding
+
+    def wraps_ddp(self, value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.IfExp):
+            return self.wraps_ddp(value.body) or self.wraps_ddp(value.orelse)
+        call = unwrap_call_chain(value)
+        return call is not None and self.context.qualify(call.func) == DDP
+
+
+def binding_scope(name: str, ancestors: Sequence[cst.CSTNode]) -> cst.CSTNode | None:
+    """`self.x` lives in its class; other names in the innermost function or the module."""
+    if name.startswith("self."):
+        return innermost(ancestors, cst.ClassDef)
+    return innermost(ancestors, cst.FunctionDef, cst.Module)
+
+
+def _enclosing_scopes(ancestors: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    for node in reversed(ancestors):
+        if isinstance(node, (cst.FunctionDef, cst.Module)):
+            yield node
+
+
+def _is_parameter(function: cst.CSTNode, name: str) -> bool:
+    if not isinstance(function, cst.FunctionDef):
+        return False
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for extra in (params.star_arg, params.star_kwarg):
+        if isinstance(extra, cst.Param):
+            every.append(extra)
+    return any(p.name.value == name for p in every)
+
+
+def _conditions(ancestors: Sequence[cst.CSTNode]) -> frozenset[int]:
+    """The `if`s a binding depends on (not `__main__`, which every run takes)."""
+    return frozenset(
+        id(parent)
+        for parent in ancestors
+        if isinstance(parent, (cst.If, cst.IfExp)) and not _is_main_check(parent.test)
+    )
+
+
+def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> bool:
+    """Whether every path reaching `ancestors`' node went through `binding`."""
+    shared = {id(a) for a in ancestors}
+    return binding.conditions <= shared and not isinstance(binding.value, cst.IfExp)
+
+
+def _weakest(results: Iterable[Resolution], helper: str) -> Resolution:
+    results = list(results)
+    if not results:
+        return UNKNOWN
+    if any(r.known and r.scope is None for r in results):
+        return Resolution(None, helper=helper)
+    if any(not r.known for r in results):
+        return UNKNOWN
+    scope = Scope.LOCAL if any(r.scope is Scope.LOCAL for r in results) else Scope.GLOBAL
+    return Resolution(scope, helper=helper)
+
+
+class RankZeroRule(Rule):
+    """A rule fed by the shared facts; subclasses add their own handlers."""
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self.facts = facts_for(context)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.facts.record_call(node)
+        self.on_call(node)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.facts.record_assign(node)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.facts.record_assign(node)
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        self.facts.record_string(node)
+
+    def on_call(self, node: cst.Call) -> None:
+        """A call, after the facts recorded it."""
+
+    def snapshot(self) -> Ancestors:
+        return tuple(self.context.ancestors)
+
+    def delegates_to_framework(self) -> bool:
+        return self.context.model.framework is not None

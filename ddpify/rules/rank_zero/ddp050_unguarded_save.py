@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis.guards import Scope
+from ddpify.analysis.names import dotted
+from ddpify.diagnostics import Severity
+from ddpify.rules.rank_zero._common import (
+    Ancestors,
+    RankZeroRule,
+    keyword_arg,
+    mentions_rank,
+    positional_arg,
+)
+
+# Checkpoint writers and where their path argument is: (keyword, position).
+SAVE_CALLS = {
+    "torch.save": ("f", 1),
+    "torch.jit.save": ("f", 1),
+    "safetensors.torch.save_file": ("filename", 1),
+    "safetensors.torch.save_model": ("filename", 1),
+}
+SAVE_METHODS = {"save_pretrained": ("save_directory", 0)}
+IN_MEMORY = {"io.BytesIO", "io.StringIO"}
+
+
+@dataclass(frozen=True)
+class _Save:
+    call: cst.Call
+    callee: str
+    ancestors: Ancestors
+
+
+class UnguardedSave(RankZeroRule):
+    """Every rank runs the training script, so an unguarded save has N writers."""
+
+    CODE = "DDP050"
+    NAME = "unguarded-save"
+    SEVERITY = Severity.WARNING
+    MESSAGE = (
+        "`torch.save` runs on every rank, so all processes write the same file; "
+        "save under `if dist.get_rank() == 0:`"
+    )
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.saves: list[_Save] = []
+
+    def on_call(self, node: cst.Call) -> None:
+        callee = self._save_callee(node)
+        if callee is None:
+            return
+        path = self._path(node, callee)
+        if path is not None and (self._per_rank(path) or self._in_memory(path)):
+            return  # one file per rank, or a buffer
+        self.saves.append(_Save(node, callee, self.snapshot()))
+
+    def _save_callee(self, node: cst.Call) -> str | None:
+        qualified = self.context.qualify(node.func)
+        if qualified in SAVE_CALLS:
+            return qualified
+        if (
+            qualified is None
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in SAVE_METHODS
+        ):
+            return node.func.attr.value
+        return None
+
+    @staticmethod
+    def _path(node: cst.Call, callee: str) -> cst.BaseExpression | None:
+        keyword, position = SAVE_CALLS.get(callee) or SAVE_METHODS[callee]
+        arg = keyword_arg(node, keyword) or positional_arg(node, position)
+        return arg.value if arg else None
+
+    def _values(self, path: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """The path itself, or what a path variable was assigned (anywhere in the file)."""
+        name = dotted(path)
+        return list(self.context.model.bindings.get(name, ())) if name else [path]
+
+    def _per_rank(self, path: cst.BaseExpression) -> bool:
+        values = self._values(path)
+        return mentions_rank(path) or bool(values) and all(mentions_rank(v) for v in values)
+
+    def _in_memory(self, path: cst.BaseExpression) -> bool:
+        values = self._values(path)
+        return bool(values) and all(
+            isinstance(value, cst.Call) and self.context.qualify(value.func) in IN_MEMORY
+            for value in values
+        )
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.saves or self.delegates_to_framework() or not self.facts.is_distributed():
+            return
+        for save in self.saves:
+            resolution = self.facts.resolve(save.ancestors)
+            if not resolution.known or resolution.scope is Scope.GLOBAL:
+                continue
+            shown = self.context.code(save.call.func)
+            if resolution.scope is Scope.LOCAL:
+                self.report(save.call, _local_message(shown), severity=Severity.INFO)
+            else:
+                self.report(save.call, _message(shown, resolution.helper))
+
+
+def _message(shown: str, helper: str | None) -> str:
+    where = f"`{shown}` in `{helper}()`" if helper else f"`{shown}`"
+    return (
+        f"{where} runs on every rank, so all processes write the same file; "
+        "save under `if dist.get_rank() == 0:`"
+    )
+
+
+def _local_message(shown: str) -> str:
+    return (
+        f"`{shown}` is guarded by a local rank, so one process per node writes the file; "
+        "guard it with the global rank (`dist.get_rank() == 0`) when nodes share storage"
+    )

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted
+from ddpify.diagnostics import Applicability, FixAvailability, Severity
+from ddpify.rules.base import NodeFix
+from ddpify.rules.rank_zero._common import (
+    Ancestors,
+    Binding,
+    RankZeroRule,
+    keyword_arg,
+    last_name,
+    positional_arg,
+    unconditional_for,
+)
+
+TORCH_SAVES = {"torch.save": "obj", "safetensors.torch.save_file": "tensors"}
+
+
+@dataclass(frozen=True)
+class _Save:
+    call: cst.Call
+    whole_object: bool  # torch.save's first argument itself may be the wrapper
+    ancestors: Ancestors
+    seq: int
+
+
+class SavesWrapper(RankZeroRule):
+    """The DDP wrapper's state dict prefixes every key with `module.`."""
+
+    CODE = "DDP051"
+    NAME = "saves-wrapper"
+    SEVERITY = Severity.WARNING
+    MESSAGE = (
+        "`model.state_dict()` of the DDP wrapper saves keys prefixed `module.`; "
+        "save `model.module.state_dict()` instead"
+    )
+    FIX = FixAvailability.SOMETIMES
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.saves: list[_Save] = []
+
+    def on_call(self, node: cst.Call) -> None:
+        qualified = self.context.qualify(node.func)
+        if qualified in TORCH_SAVES:
+            whole = qualified == "torch.save"
+        elif qualified is None and "save" in (last_name(node.func) or "").lower():
+            whole = False  # `save_checkpoint(model, ...)` may unwrap it itself
+        else:
+            return
+        self.saves.append(_Save(node, whole, self.snapshot(), self.facts.seq))
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.saves or self.delegates_to_framework():
+            return
+        reported: set[int] = set()
+        for save in self.saves:
+            for call, binding, ancestors in self._wrapper_state_dicts(save):
+                if id(call) not in reported:
+                    reported.add(id(call))
+                    self._report_state_dict(call, binding, ancestors)
+            if save.whole_object:
+                self._check_whole_object(save)
+
+    def _saved_values(self, save: _Save) -> Iterator[cst.BaseExpression]:
+        qualified = self.context.qualify(save.call.func)
+        if qualified in TORCH_SAVES:
+            arg = keyword_arg(save.call, TORCH_SAVES[qualified]) or positional_arg(save.call, 0)
+            if arg is not None:
+                yield arg.value
+        else:
+            yield from (arg.value for arg in save.call.args)
+
+    def _wrapper_state_dicts(self, save: _Save) -> Iterator[tuple[cst.Call, Binding, Ancestors]]:
+        """`x.state_dict()` calls on the wrapper in what is saved, following a name once
+        (`ckpt = {"model": model.state_dict()}` then `torch.save(ckpt, path)`)."""
+        for value in self._saved_values(save):
+            sources = [(value, save.ancestors, save.seq)]
+            name = dotted(value)
+            if name is not None:
+                bound = self.facts.binding_of(name, save.ancestors, save.seq)
+                items = self.facts.items_of(name, save.ancestors, save.seq)
+                for binding in [bound, *items] if bound else items:
+                    sources.append((binding.value, binding.ancestors, binding.seq))
+            for expr, ancestors, seq in sources:
+                for call in _state_dict_calls(expr):
+                    receiver = call.func.value  # type: ignore[attr-defined]
+                    binding = self.facts.wrapper_binding(receiver, ancestors, seq)
+                    if binding is not None:
+                        yield call, binding, ancestors
+
+    def _report_state_dict(self, call: cst.Call, binding: Binding, ancestors: Ancestors) -> None:
+        receiver = call.func.value  # type: ignore[attr-defined]
+        shown = self.context.code(receiver)
+        fix = None
+        if unconditional_for(binding, ancestors):
+            unwrapped = cst.Attribute(value=receiver, attr=cst.Name("module"))
+            fix = NodeFix(f"Save `{shown}.module.state_dict()`", ((receiver, unwrapped),))
+        message = (
+            f"`{shown}.state_dict()` of the DDP wrapper saves keys prefixed `module.`; "
+            f"save `{shown}.module.state_dict()` instead"
+        )
+        self.report(call, message, fix=fix)
+
+    def _check_whole_object(self, save: _Save) -> None:
+        arg = keyword_arg(save.call, "obj") or positional_arg(save.call, 0)
+        if arg is None:
+            return
+        binding = self.facts.wrapper_binding(arg.value, save.ancestors, save.seq)
+        if binding is None:
+            return
+        shown = self.context.code(arg.value)
+        unwrapped = cst.Attribute(value=arg.value, attr=cst.Name("module"))
+        fix = NodeFix(f"Save `{shown}.module`", ((arg.value, unwrapped),), Applicability.UNSAFE)
+        message = (
+            f"`torch.save({shown})` pickles the DDP wrapper, which cannot be restored "
+            f"without its process group; save `{shown}.module.state_dict()` instead"
+        )
+        self.report(arg.value, message, severity=Severity.ERROR, fix=fix)
+
+
+def _state_dict_calls(expr: cst.CSTNode) -> Iterator[cst.Call]:
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "state_dict"
+            and dotted(node.func.value) is not None
+        ):
+            yield node
+        stack.extend(node.children)

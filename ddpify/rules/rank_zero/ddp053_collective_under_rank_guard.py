@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted
+from ddpify.diagnostics import Severity
+from ddpify.rules.rank_zero._common import (
+    DIST,
+    Ancestors,
+    RankZeroRule,
+    keyword_arg,
+    non_zero_guarded,
+)
+
+COLLECTIVES = {
+    f"{DIST}.{name}"
+    for name in (
+        "barrier",
+        "monitored_barrier",
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_gather_coalesced",
+        "all_to_all",
+        "all_to_all_single",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+    )
+}
+
+
+@dataclass(frozen=True)
+class _Collective:
+    call: cst.Call
+    name: str | None  # the collective, or None for a forward of the DDP wrapper
+    ancestors: Ancestors
+    seq: int
+
+
+class CollectiveUnderRankGuard(RankZeroRule):
+    """A collective that only rank 0 enters waits for the other ranks forever."""
+
+    CODE = "DDP053"
+    NAME = "collective-under-rank-guard"
+    SEVERITY = Severity.ERROR
+    MESSAGE = (
+        "`dist.barrier` runs on rank 0 only, so the other ranks never join it and the job "
+        "hangs; call it on every rank, outside the guard"
+    )
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.collectives: list[_Collective] = []
+
+    def on_call(self, node: cst.Call) -> None:
+        qualified = self.context.qualify(node.func)
+        if qualified in COLLECTIVES:
+            self.collectives.append(_Collective(node, qualified, self.snapshot(), self.facts.seq))
+        elif qualified is None and dotted(node.func) is not None:
+            self.collectives.append(_Collective(node, None, self.snapshot(), self.facts.seq))
+
+    def leave_Module(self, node: cst.Module) -> None:
+        # `if rank != 0: dist.barrier()` ... `if rank == 0: dist.barrier()`: rank 0 goes
+        # first, on purpose; each side's barrier meets the other's.
+        matched = {c.name for c in self.collectives if c.name and non_zero_guarded(c.ancestors)}
+        for collective in self.collectives:
+            if collective.name in matched:
+                continue
+            wrapper = self._wrapper(collective) if collective.name is None else True
+            if not wrapper:
+                continue
+            resolution = self.facts.resolve(collective.ancestors, launcher_counts=False)
+            if resolution.known and resolution.scope is not None:
+                self._report(collective, resolution.helper)
+
+    def _wrapper(self, collective: _Collective) -> bool:
+        """A forward of the DDP wrapper (`ddp_model(x)`, `ddp_model.forward(x)`) that
+        broadcasts buffers."""
+        func = collective.call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        binding = self.facts.wrapper_binding(func, collective.ancestors, collective.seq)
+        if binding is None:
+            return False
+        return not _buffers_not_broadcast(binding.value)
+
+    def _report(self, collective: _Collective, helper: str | None) -> None:
+        shown = self.context.code(collective.call.func)
+        where = f" in `{helper}()`" if helper else ""
+        why = " (every call of it is under a rank-0 guard)" if helper else ""
+        if collective.name is None:
+            wrapper = shown.removesuffix(".forward")
+            message = (
+                f"`{shown}(...)`{where} runs the DDP wrapper's forward on rank 0 only{why}, "
+                "and it broadcasts buffers the other ranks never receive; "
+                f"evaluate `{wrapper}.module(...)` instead"
+            )
+        else:
+            message = (
+                f"`{shown}`{where} runs on rank 0 only{why}, so the other ranks never join it "
+                "and the job hangs; call it on every rank, outside the guard"
+            )
+        self.report(collective.call, message)
+
+
+def _buffers_not_broadcast(value: cst.BaseExpression) -> bool:
+    """`DDP(model, broadcast_buffers=False)`: its forward runs no collective."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            arg = keyword_arg(node, "broadcast_buffers")
+            if arg is not None:
+                return isinstance(arg.value, cst.Name) and arg.value.value == "False"
+        stack.extend(node.children)
+    return False
