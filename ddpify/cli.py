@@ -13,11 +13,11 @@ import traceback
 from collections.abc import Sequence
 
 from ddpify import __version__
-from ddpify.commands import check, lsp, rule
+from ddpify.commands import check, lsp, migrate, rule
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
-COMMANDS = [check, rule, lsp]
+COMMANDS = [check, rule, migrate, lsp]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,176 @@
+"""`ddpify migrate`: rewrite a training script for DDP under torchrun, and report."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+
+from ddpify.files import SourceError, read_source, write_atomic
+from ddpify.gates import GateError
+from ddpify.migrate import MigrationResult, Options, migrate_source
+
+EXIT_OK, EXIT_NOT_MIGRATED, EXIT_ERROR = 0, 1, 2
+
+EXAMPLES = """\
+examples:
+  ddpify migrate train.py                      rewrite in place, print the report
+  ddpify migrate train.py -o train_ddp.py      write the result elsewhere
+  ddpify migrate train.py --diff               show the diff, write nothing
+  ddpify migrate train.py --batch-policy global --amp off
+  ddpify migrate train.py --verify -- --epochs 1   only write if gradients match
+
+batch policy:
+  per-rank  each process keeps the original batch size; the global batch grows N-fold and
+            the learning rate is scaled (linear for SGD, square root for Adam-like)
+  global    each process takes batch // N; the learning rate is unchanged (same math)
+
+exit codes: 0 migrated (or nothing to change), 1 not migrated (reason given) or, with
+--check, would change, or --verify found a mismatch; 2 usage, input or internal error.
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "migrate",
+        help="rewrite a single-GPU / DataParallel / hand-launched DDP script for torchrun",
+        description=(
+            "Rewrite a training script to DistributedDataParallel under torchrun: process "
+            "group from the environment, local-rank devices, DDP wrap, DistributedSampler with "
+            "set_epoch, AMP, rank-0 I/O. The result also runs as a plain `python` process."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("-o", "--output", help="write here instead of rewriting SCRIPT in place")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--diff", action="store_true", help="print a unified diff, write nothing")
+    mode.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the script would change"
+    )
+    parser.add_argument(
+        "--batch-policy",
+        choices=["per-rank", "global"],
+        default="per-rank",
+        help="per-rank (default): keep the batch per process, scale the LR; "
+        "global: batch // N per process, LR unchanged",
+    )
+    parser.add_argument(
+        "--lr-scaling",
+        choices=["linear", "sqrt", "none"],
+        help="override the LR rule (default: linear for SGD, sqrt for Adam-like)",
+    )
+    parser.add_argument(
+        "--amp",
+        choices=["auto", "bf16", "fp16", "off"],
+        default="auto",
+        help="mixed precision on GPUs (default auto: bf16 where supported, else fp16)",
+    )
+    parser.add_argument(
+        "--no-sync-bn",
+        dest="sync_bn",
+        action="store_false",
+        help="do not convert BatchNorm to SyncBatchNorm",
+    )
+    if _verify_available():
+        parser.add_argument(
+            "--verify",
+            action="store_true",
+            help="run the original and the result (2 processes, CPU) and write only if the "
+            "gradients match; script arguments follow `--`",
+        )
+    parser.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
+    parser.set_defaults(run=run)
+
+
+def _verify_available() -> bool:
+    try:
+        from ddpify.verify import run_verify  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    verify = getattr(args, "verify", False)
+    if args.script_args and not verify:
+        print(
+            "ddpify: error: script arguments (after `--`) are only used with --verify",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    try:
+        source = read_source(args.script)
+    except SourceError as exc:
+        print(f"ddpify: error: {args.script}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    options = Options(args.batch_policy, args.lr_scaling, args.amp, args.sync_bn)
+    try:
+        result = migrate_source(source.text, args.script, options)
+    except GateError as exc:
+        if exc.pass_name == "parse":
+            print(f"ddpify: error: {args.script}: {exc.reason}", file=sys.stderr)
+        else:
+            print(
+                f"ddpify: error: the {exc.pass_name} pass failed a safety gate: {exc.reason}; "
+                "nothing was written (please report this)",
+                file=sys.stderr,
+            )
+        return EXIT_ERROR
+    report = sys.stderr if args.diff else sys.stdout
+    if not result.migrated:
+        result.render(report)
+        return EXIT_NOT_MIGRATED
+    target = Path(args.output or args.script)
+    if args.check:
+        result.render(report, str(target))
+        return EXIT_NOT_MIGRATED if result.changed else EXIT_OK
+    if args.diff:
+        sys.stdout.writelines(_diff(result, args.script))
+        result.render(report, str(target))
+        return EXIT_OK
+    if verify and result.changed:
+        code = _verify(result, Path(args.script), target, args.script_args)
+        if code != EXIT_OK:
+            return code
+    if result.changed or args.output:
+        try:
+            write_atomic(target, source.encode(result.output))
+        except OSError as exc:
+            print(f"ddpify: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_ERROR
+    result.render(report, str(target))
+    return EXIT_OK
+
+
+def _diff(result: MigrationResult, path: str) -> list[str]:
+    return list(
+        difflib.unified_diff(
+            result.original.splitlines(keepends=True),
+            result.output.splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
+        )
+    )
+
+
+def _verify(result: MigrationResult, original: Path, target: Path, script_args) -> int:
+    from ddpify.verify import run_verify
+
+    nproc = 2
+    outcome = run_verify(
+        original,
+        target,
+        nproc=nproc,
+        script_args=tuple(script_args),
+        batch_policy=result.batch_policy,
+        lr_scale=result.lr_scale_for(nproc),
+        converted_source=result.output,
+    )
+    outcome.render(sys.stdout)
+    if outcome.exit_code != 0:
+        print(f"ddpify: verification did not pass; {target} was not written", file=sys.stderr)
+        return EXIT_NOT_MIGRATED if outcome.exit_code == 1 else EXIT_ERROR
+    return EXIT_OK

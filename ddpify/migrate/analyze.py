@@ -1,0 +1,439 @@
+"""Pass 1, analyze: the script's shape and the objects the other passes rewrite.
+
+Facts are re-derived from each pass's tree with the functions here, so that every pass
+agrees on what "the model", "the optimizer" and "the training loader" are.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from ddpify.analysis.model import FRAMEWORKS
+from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.migrate.report import Change, HumanItem
+from ddpify.migrate.tree import Tree
+
+DDP = "torch.nn.parallel.DistributedDataParallel"
+DATA_PARALLEL = "torch.nn.parallel.DataParallel"
+DATA_LOADER = "torch.utils.data.DataLoader"
+DIST_SAMPLER = "torch.utils.data.DistributedSampler"
+INIT_PG = "torch.distributed.init_process_group"
+DESTROY_PG = "torch.distributed.destroy_process_group"
+SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes")
+ITERABLE_DATASET = "torch.utils.data.IterableDataset"
+# Wrappers around the loader in `for batch in tqdm(enumerate(loader))`.
+ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
+SETUP_FUNCTION = "init_distributed"
+
+
+class Shape(str, enum.Enum):
+    SINGLE = "single-GPU"
+    DATA_PARALLEL = "DataParallel"
+    SPAWN = "mp.spawn DDP"
+    LAUNCH = "torch.distributed.launch DDP"
+    TORCHRUN = "torchrun DDP"
+    FRAMEWORK = "framework"
+    UNKNOWN = "not understood"
+
+    @property
+    def converts(self) -> bool:
+        """Whether the migration adds the torchrun entry point (all but already-torchrun)."""
+        return self in (Shape.SINGLE, Shape.DATA_PARALLEL, Shape.SPAWN, Shape.LAUNCH)
+
+
+class NotMigrated(Exception):
+    def __init__(self, shape: Shape, reason: str) -> None:
+        super().__init__(reason)
+        self.shape = shape
+        self.reason = reason
+
+
+@dataclass
+class Options:
+    batch_policy: str = "per-rank"  # or "global"
+    lr_scaling: str | None = None  # linear | sqrt | none; None: by optimizer
+    amp: str = "auto"  # auto | bf16 | fp16 | off
+    sync_bn: bool = True
+
+
+@dataclass
+class Plan:
+    """What the passes share: the shape, the options, the names to use, the record."""
+
+    shape: Shape
+    options: Options
+    dist: str = "dist"
+    ddp: str = "DDP"
+    sampler: str = "DistributedSampler"
+    rank: str = "RANK"
+    spawn_rank_param: str | None = None  # the mp.spawn worker's first parameter
+    spawn_function: str | None = None
+    changes: list[Change] = field(default_factory=list)
+    human: list[HumanItem] = field(default_factory=list)
+    lr_scaling: str = "none"
+    lr_rule: str | None = None
+    amp_added: bool = False
+    needs: set[str] = field(default_factory=set)  # imports the passes used: os, dist, ...
+
+    def change(self, pass_name: str, description: str, anchor: str | None, code=None) -> None:
+        self.changes.append(Change(pass_name, description, code, _first_line(anchor)))
+
+    def needs_human(self, why: str, anchor: str | None) -> None:
+        item = HumanItem(why, _first_line(anchor))
+        if any((h.why, h.anchor) == (item.why, item.anchor) for h in self.human):
+            return
+        self.human.append(item)
+
+
+def _first_line(text: str | None) -> str | None:
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return line.strip()
+    return None
+
+
+# -- shape ------------------------------------------------------------------------------
+
+
+def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
+    for module, label in FRAMEWORKS.items():
+        if tree.imports.imports_any(module):
+            return Shape.FRAMEWORK, (
+                f"the script uses {label}, which launches processes, shards data and "
+                "guards rank-0 I/O itself; use its own launcher (e.g. `accelerate launch`)"
+            )
+    if not tree.imports.imports_any("torch"):
+        return Shape.UNKNOWN, "the script does not import torch"
+    if tree.calls_to(*SPAWN):
+        return Shape.SPAWN, None
+    if local_rank_arguments(tree):
+        return Shape.LAUNCH, None
+    if tree.calls_to(INIT_PG, DDP):
+        return Shape.TORCHRUN, None
+    if tree.calls_to(DATA_PARALLEL):
+        return Shape.DATA_PARALLEL, None
+    return Shape.SINGLE, None
+
+
+def local_rank_arguments(tree: Tree) -> list[cst.Call]:
+    """`parser.add_argument("--local_rank", ...)`: the torch.distributed.launch contract."""
+    found = []
+    for call in tree.find(cst.Call, lambda c: method_name(c) == "add_argument"):
+        for arg in call.args:
+            value = arg.value
+            if isinstance(value, cst.SimpleString) and value.evaluated_value in (
+                "--local_rank",
+                "--local-rank",
+            ):
+                found.append(call)
+                break
+    return found
+
+
+def aliases(tree: Tree, plan: Plan) -> None:
+    plan.dist = tree.alias_for("torch.distributed") or "dist"
+    plan.ddp = tree.alias_for(DDP) or "DDP"
+    plan.sampler = tree.alias_for(DIST_SAMPLER) or "DistributedSampler"
+
+
+# -- objects ----------------------------------------------------------------------------
+
+
+def optimizer_calls(tree: Tree) -> list[cst.Call]:
+    def is_optimizer(call: cst.Call) -> bool:
+        name = tree.qualify(call.func) or ""
+        return name.startswith("torch.optim.") and ".lr_scheduler." not in name
+
+    return tree.find(cst.Call, is_optimizer)
+
+
+def bound_target(tree: Tree, call: cst.Call) -> str | None:
+    """`x` in `x = call(...)` (also through `.to()` chains), else None."""
+    statement = tree.statement(call)
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    small = statement.body[0]
+    if isinstance(small, (cst.Assign, cst.AnnAssign)):
+        value = small.value
+        while (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value is not call
+            and isinstance(value.func.value, cst.Call)
+        ):
+            value = value.func.value
+        if value is call:
+            target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+            return dotted(target)
+    return None
+
+
+def model_names(tree: Tree) -> set[str]:
+    """Names that hold the model: `X` in `optim.SGD(X.parameters())`, DDP/DP targets,
+    and the parameters of the script's functions that receive one of them."""
+    names: set[str] = set()
+    for call in optimizer_calls(tree):
+        for inner in tree.within(call, cst.Call):
+            if method_name(inner) in ("parameters", "named_parameters"):
+                name = dotted(inner.func.value)  # type: ignore[union-attr]
+                if name:
+                    names.add(name)
+    for call in tree.calls_to(DDP, DATA_PARALLEL):
+        target = bound_target(tree, call)
+        if target:
+            names.add(target)
+    return names | propagate(tree, names)
+
+
+def optimizer_names(tree: Tree) -> set[str]:
+    names = {bound_target(tree, call) for call in optimizer_calls(tree)} - {None}
+    return names | propagate(tree, names)  # type: ignore[operator]
+
+
+def propagate(tree: Tree, names: set[str]) -> set[str]:
+    """Parameters of the script's own functions that receive one of `names`."""
+    found: set[str] = set()
+    functions = tree.functions()
+    for call in tree.find(cst.Call):
+        callee = dotted(call.func)
+        if callee is None:
+            continue
+        func = functions.get(callee.rsplit(".", 1)[-1])
+        if func is None:
+            continue
+        params = [p.name.value for p in func.params.params]
+        if params and params[0] in ("self", "cls") and "." in callee:
+            params = params[1:]
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        for index, arg in enumerate(positional):
+            if dotted(arg.value) in names and index < len(params):
+                found.add(params[index])
+        for arg in call.args:
+            if arg.keyword is not None and dotted(arg.value) in names:
+                found.add(arg.keyword.value)
+    return found
+
+
+def backward_calls(tree: Tree) -> list[cst.Call]:
+    return tree.find(cst.Call, lambda c: method_name(c) == "backward")
+
+
+def training_loops(tree: Tree) -> list[cst.For]:
+    loops = []
+    for call in backward_calls(tree):
+        current = tree.parent.get(call)
+        while current is not None and not isinstance(current, (cst.For, cst.FunctionDef)):
+            current = tree.parent.get(current)
+        if isinstance(current, cst.For) and current not in loops:
+            loops.append(current)
+    return loops
+
+
+def iterated_name(loop: cst.For) -> str | None:
+    """`loader` in `for x in tqdm(enumerate(loader), ...)`."""
+    expr = loop.iter
+    while isinstance(expr, cst.Call) and dotted(expr.func) is not None:
+        if dotted(expr.func).rsplit(".", 1)[-1] not in ITER_WRAPPERS or not expr.args:  # type: ignore[union-attr]
+            break
+        expr = expr.args[0].value
+    return dotted(expr)
+
+
+@dataclass
+class Loader:
+    call: cst.Call  # the DataLoader(...) call
+    names: set[str]  # names it is bound to, at its call sites
+
+
+def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
+    """The DataLoaders the training loops iterate, and the training loops that iterate
+    something that is not a DataLoader of this script."""
+    loops = training_loops(tree)
+    loader_names: set[str] = set()
+    unresolved = []
+    for loop in loops:
+        name = iterated_name(loop)
+        if name is None:
+            unresolved.append(loop)
+            continue
+        loader_names |= {name} | _arguments_for(tree, loop, name)
+    loaders = []
+    for call in tree.calls_to(DATA_LOADER):
+        names = _names_of_loader(tree, call)
+        if names & loader_names:
+            loaders.append(Loader(call, names))
+    found = {n for loader in loaders for n in loader.names}
+    for loop in loops:
+        name = iterated_name(loop)
+        if name is not None and not ({name} | _arguments_for(tree, loop, name)) & found:
+            unresolved.append(loop)
+    return loaders, unresolved
+
+
+def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
+    """If `name` is a parameter of the loop's function, what the callers pass for it."""
+    func = tree.function(loop)
+    if func is None:
+        return set()
+    params = [p.name.value for p in func.params.params]
+    if name not in params:
+        return set()
+    index = params.index(name)
+    offset = 1 if params and params[0] in ("self", "cls") else 0
+    found = set()
+    for call in tree.find(cst.Call):
+        callee = dotted(call.func)
+        if callee is None or callee.rsplit(".", 1)[-1] != func.name.value:
+            continue
+        arg = find_arg(call, name, index - offset)
+        if arg is not None and dotted(arg.value):
+            found.add(dotted(arg.value))  # type: ignore[arg-type]
+    return found
+
+
+def _names_of_loader(tree: Tree, call: cst.Call) -> set[str]:
+    """Where a DataLoader(...) ends up: `x = DataLoader(..)`, or returned by a helper whose
+    result is bound (`train, val = make_loaders()`)."""
+    target = bound_target(tree, call)
+    if target is not None:
+        names = {target}
+        func = tree.function(call)
+        returned = _returned_position(tree, func, target) if func else None
+        if returned is not None:
+            names |= _helper_results(tree, func, returned)  # type: ignore[arg-type]
+        return names
+    func = tree.function(call)
+    statement = tree.statement(call)
+    if func is None or not isinstance(statement, cst.SimpleStatementLine):
+        return set()
+    small = statement.body[0]
+    if not isinstance(small, cst.Return) or small.value is None:
+        return set()
+    if small.value is call:
+        return _helper_results(tree, func, None)
+    if isinstance(small.value, cst.Tuple):
+        for index, element in enumerate(small.value.elements):
+            if element.value is call:
+                return _helper_results(tree, func, index)
+    return set()
+
+
+def _returned_position(tree: Tree, func: cst.FunctionDef, name: str) -> int | None:
+    for ret in tree.within(func, cst.Return):
+        value = ret.value
+        if value is not None and dotted(value) == name:
+            return -1
+        if isinstance(value, cst.Tuple):
+            for index, element in enumerate(value.elements):
+                if dotted(element.value) == name:
+                    return index
+    return None
+
+
+def _helper_results(tree: Tree, func: cst.FunctionDef, index: int | None) -> set[str]:
+    index = None if index == -1 else index
+    found = set()
+    for call in tree.find(cst.Call):
+        callee = dotted(call.func)
+        if callee is None or callee.rsplit(".", 1)[-1] != func.name.value:
+            continue
+        statement = tree.statement(call)
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        small = statement.body[0]
+        if not isinstance(small, cst.Assign) or small.value is not call:
+            continue
+        target = small.targets[0].target
+        if index is None and dotted(target):
+            found.add(dotted(target))
+        elif index is not None and isinstance(target, (cst.Tuple, cst.List)):
+            if index < len(target.elements) and dotted(target.elements[index].value):
+                found.add(dotted(target.elements[index].value))  # type: ignore[arg-type]
+    return found
+
+
+def iterable_dataset_classes(tree: Tree) -> set[str]:
+    names = set()
+    for cls in tree.find(cst.ClassDef):
+        if any(tree.qualify(base.value) == ITERABLE_DATASET for base in cls.bases):
+            names.add(cls.name.value)
+    return names
+
+
+# -- the analysis pass ------------------------------------------------------------------
+
+
+def analyze(tree: Tree, options: Options) -> Plan:
+    shape, reason = detect_shape(tree)
+    if reason is not None:
+        raise NotMigrated(shape, reason)
+    plan = Plan(shape, options)
+    aliases(tree, plan)
+    if not backward_calls(tree):
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            "no training step (`loss.backward()`) in this file; if the loop lives in another "
+            "module, migrate that module",
+        )
+    if not model_names(tree):
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            "cannot tell which object is the model (no `optimizer(model.parameters())`)",
+        )
+    loaders, unresolved = train_loaders(tree)
+    if shape.converts:
+        _refuse_unshardable(tree, loaders, unresolved)
+    if shape is Shape.SPAWN:
+        _spawn_worker(tree, plan)
+    return plan
+
+
+def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.For]) -> None:
+    if unresolved:
+        loop = unresolved[0]
+        line = tree.code(loop).strip().splitlines()[0]
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"the training loop `{line}` does not iterate a DataLoader built in this script; "
+            "hand-made batches would be the same on every rank, so shard them by rank first",
+        )
+    iterable = iterable_dataset_classes(tree)
+    for loader in loaders:
+        dataset = find_arg(loader.call, "dataset", 0)
+        name = dotted(dataset.value) if dataset else None
+        for target, values in _bindings(tree).items():
+            if target == name and any(
+                isinstance(v, cst.Call) and dotted(v.func) in iterable for v in values
+            ):
+                raise NotMigrated(
+                    Shape.UNKNOWN,
+                    f"the training data `{name}` is an IterableDataset, which takes no sampler; "
+                    "every rank would read the same stream; shard it by rank in `__iter__`",
+                )
+
+
+def _bindings(tree: Tree) -> dict[str, list[cst.BaseExpression]]:
+    found: dict[str, list[cst.BaseExpression]] = {}
+    for assign in tree.find(cst.Assign):
+        for target in assign.targets:
+            name = dotted(target.target)
+            if name:
+                found.setdefault(name, []).append(assign.value)
+    return found
+
+
+def _spawn_worker(tree: Tree, plan: Plan) -> None:
+    call = tree.calls_to(*SPAWN)[0]
+    worker = dotted(call.args[0].value) if call.args else None
+    func = tree.functions().get(worker or "")
+    if func is None or not func.params.params:
+        raise NotMigrated(
+            Shape.SPAWN, "mp.spawn starts a worker this script does not define; cannot rewrite it"
+        )
+    plan.spawn_function = func.name.value
+    plan.spawn_rank_param = func.params.params[0].name.value

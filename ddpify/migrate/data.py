@@ -1,0 +1,318 @@
+"""Pass 5, data: shard the training data, reshuffle per epoch, batch size and LR, loads.
+
+The training loader gets `sampler=DistributedSampler(dataset, shuffle=<its shuffle>)`,
+and `loader.sampler.set_epoch(epoch)` opens each epoch. With `--batch-policy per-rank`
+the global batch grows with WORLD_SIZE and the learning rate is scaled on a visible,
+commented line; with `global` each process takes batch // WORLD_SIZE and the learning
+rate stays. `torch.load` gets `map_location="cpu"`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.migrate import snippets
+from ddpify.migrate.analyze import (
+    DATA_LOADER,
+    DIST_SAMPLER,
+    Loader,
+    NotMigrated,
+    Plan,
+    Shape,
+    optimizer_calls,
+    train_loaders,
+)
+from ddpify.migrate.args import append_arg, keyword, parenthesize, replace_arg
+from ddpify.migrate.edits import Edits
+from ddpify.migrate.tree import Tree, names_in
+
+NAME = "data"
+ADAPTIVE = {
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "Adagrad",
+    "Adadelta",
+    "RMSprop",
+    "SparseAdam",
+    "Adafactor",
+}
+SGD_LIKE = {"SGD", "ASGD"}
+LR_RULES = {
+    "linear": ("linear LR scaling (Goyal et al. 2017)", "{lr} * WORLD_SIZE"),
+    "sqrt": ("square-root LR scaling (Malladi et al. 2022)", "{lr} * WORLD_SIZE**0.5"),
+}
+ABSOLUTE_LR_SCHEDULERS = ("OneCycleLR", "CyclicLR")
+GLOBAL_NOTE = "# ddpify: batch policy global: batch_size // WORLD_SIZE per process, LR unchanged"
+
+
+def run(tree: Tree, plan: Plan) -> Edits:
+    edits = Edits()
+    loaders, _ = train_loaders(tree)
+    for loader in loaders:
+        _shard(tree, plan, edits, loader)
+    if plan.shape.converts:
+        _note_unsharded(tree, plan, loaders)
+        _batch_and_lr(tree, plan, edits, loaders)
+    _set_epoch(tree, plan, edits, loaders)
+    _map_location(tree, plan, edits)
+    return edits
+
+
+# -- samplers ---------------------------------------------------------------------------
+
+
+def _sampler_call(tree: Tree, expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """The DistributedSampler(...) behind a `sampler=` value (directly or through a name)."""
+    if expr is None:
+        return None
+    if isinstance(expr, cst.Call) and tree.qualify(expr.func) == DIST_SAMPLER:
+        return expr
+    if isinstance(expr, cst.IfExp):
+        return _sampler_call(tree, expr.body) and expr
+    name = dotted(expr)
+    for assign in tree.find(cst.Assign):
+        if name and any(dotted(t.target) == name for t in assign.targets):
+            found = _sampler_call(tree, assign.value)
+            if found is not None:
+                return found
+    return None
+
+
+def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
+    call = loader.call
+    sampler = find_arg(call, "sampler", 2)
+    batch_sampler = find_arg(call, "batch_sampler")
+    if sampler is not None or batch_sampler is not None:
+        given = sampler or batch_sampler
+        if _sampler_call(tree, given.value) is None:  # type: ignore[union-attr]
+            if plan.shape.converts:
+                raise NotMigrated(
+                    Shape.UNKNOWN,
+                    f"the training loader uses its own sampler `{tree.code(given.value)}`; "  # type: ignore[union-attr]
+                    "shard it by rank (or wrap it in a DistributedSampler) first",
+                )
+            plan.needs_human(
+                "custom sampler: make sure it shards the data by rank", tree.code(call)
+            )
+        return
+    dataset = find_arg(call, "dataset", 0)
+    if dataset is None:
+        return
+    statement = tree.statement(call)
+    data_code = tree.code(dataset.value)
+    if dotted(dataset.value) is None:
+        data_code = _hoist_dataset(tree, plan, edits, loader, dataset, statement)
+    shuffle = find_arg(call, "shuffle", 2)
+    shuffle_code = tree.code(shuffle.value) if shuffle is not None else "False"
+    plan.needs.add("sampler")
+    new_arg = keyword(
+        "sampler", snippets.expression(f"{plan.sampler}({data_code}, shuffle={shuffle_code})")
+    )
+
+    def add_sampler(updated: cst.Call) -> cst.Call:
+        old = find_arg(updated, "shuffle", 2)
+        if old is not None:
+            return replace_arg(updated, old, new_arg)
+        return append_arg(updated, new_arg)
+
+    edits.replace(call, add_sampler)
+    moved = " (its shuffle moved into the sampler)" if shuffle is not None else ""
+    plan.change(
+        NAME,
+        f"the training loader draws its shard through a DistributedSampler{moved}",
+        f"sampler={plan.sampler}(",
+        "DDP020",
+    )
+
+
+def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
+    """`DataLoader(TensorDataset(x, y), ...)`: the sampler needs the same dataset object."""
+    target = next(iter(sorted(loader.names)), "train")
+    prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
+    name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
+    if "." in target:
+        name = f"{target.rsplit('.', 1)[0]}.{name}"
+    edits.before[statement].append(snippets.statement(f"{name} = {tree.code(dataset.value)}"))
+    edits.replace(dataset.value, snippets.expression(name))
+    plan.change(NAME, "named the training dataset so the sampler and loader share it", f"{name} = ")
+    return name
+
+
+def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
+    train = {id(loader.call) for loader in loaders}
+    for call in tree.calls_to(DATA_LOADER):
+        if id(call) in train or find_arg(call, "sampler", 2) is not None:
+            continue
+        plan.needs_human(
+            "this loader is not sharded: every rank runs all of it (right metrics, N-fold "
+            "work); to split it, add DistributedSampler(..., shuffle=False) and all-reduce the "
+            "metrics, minding the padding it adds (DDP025, DDP054)",
+            tree.code(tree.statement(call)),
+        )
+
+
+# -- batch size and learning rate -------------------------------------------------------
+
+
+def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> None:
+    if plan.options.batch_policy == "global":
+        for loader in loaders:
+            size = find_arg(loader.call, "batch_size", 1)
+            if size is None:
+                continue
+            new = snippets.expression(f"{tree.code(parenthesize(size.value))} // WORLD_SIZE")
+            edits.replace(size.value, new)
+            statement = tree.statement(loader.call)
+            edits.replace(statement, lambda updated: snippets.with_comment(updated, GLOBAL_NOTE))
+            plan.change(
+                NAME,
+                "per-process batch = the original batch // WORLD_SIZE (--batch-policy global)",
+                "// WORLD_SIZE",
+                "DDP026",
+            )
+        plan.lr_scaling = "none"
+        return
+    if plan.shape not in (Shape.SINGLE, Shape.DATA_PARALLEL):
+        return  # already DDP: the batch was per process before
+    for call in optimizer_calls(tree):
+        _scale_lr(tree, plan, edits, call)
+    for call in tree.find(cst.Call):
+        name = tree.qualify(call.func) or ""
+        if name.rsplit(".", 1)[-1] in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
+            plan.needs_human(
+                f"{name.rsplit('.', 1)[-1]} sets the learning rate itself; scale its max_lr "
+                "like the optimizer's",
+                tree.code(tree.statement(call)),
+            )
+
+
+def _lr_rule(plan: Plan, optimizer: str) -> str:
+    if plan.options.lr_scaling is not None:
+        return plan.options.lr_scaling
+    if optimizer in ADAPTIVE:
+        return "sqrt"
+    if optimizer in SGD_LIKE:
+        return "linear"
+    return "none"
+
+
+def _scale_lr(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -> None:
+    optimizer = (tree.qualify(call.func) or "").rsplit(".", 1)[-1]
+    rule = _lr_rule(plan, optimizer)
+    statement = tree.statement(call)
+    if rule == "none":
+        if plan.options.lr_scaling is None and optimizer != "LBFGS":
+            plan.needs_human(
+                f"{optimizer}: no LR scaling rule known; the global batch is now "
+                "WORLD_SIZE times larger",
+                tree.code(statement),
+            )
+        return
+    lr = find_arg(call, "lr", 1)
+    if lr is None:
+        plan.needs_human(
+            f"{optimizer} uses its default learning rate; scale it for the "
+            "WORLD_SIZE-fold global batch (DDP041)",
+            tree.code(statement),
+        )
+        return
+    label, template = LR_RULES[rule]
+    new = snippets.expression(template.format(lr=tree.code(parenthesize(lr.value))))
+    edits.replace(lr.value, new)
+    comment = f"# ddpify: {label}: each process keeps the batch size"
+    edits.replace(statement, lambda updated: snippets.with_comment(updated, comment))
+    plan.lr_scaling, plan.lr_rule = rule, label
+    plan.change(
+        NAME, f"{optimizer} learning rate scaled: {label}", tree.module.code_for_node(new), "DDP041"
+    )
+
+
+# -- set_epoch --------------------------------------------------------------------------
+
+
+def _epoch_loops(tree: Tree) -> list[cst.For]:
+    loops = []
+    for loop in tree.find(cst.For):
+        names = {n.lower() for n in names_in(loop.target) | names_in(loop.iter)}
+        if any("epoch" in n for n in names) and not any(tree.inside(loop, o) for o in loops):
+            loops.append(loop)
+    return loops
+
+
+def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> None:
+    names = {name: loader for loader in loaders for name in loader.names}
+    if not names:
+        return
+    for loop in _epoch_loops(tree):
+        if any(method_name(c) == "set_epoch" for c in tree.within(loop, cst.Call)):
+            continue
+        found = _loader_in(tree, loop, names)
+        if found is None:
+            continue
+        if not isinstance(loop.target, cst.Name):
+            plan.needs_human(
+                "add sampler.set_epoch(epoch) at the top of this epoch loop", tree.code(loop)
+            )
+            continue
+        epoch = loop.target.value
+        code = _set_epoch_code(tree, loop, found, names[found], epoch)
+        edits.prepend[loop].append(snippets.statement(code))
+        plan.change(
+            NAME,
+            "set_epoch at the top of each epoch, so each epoch reshuffles",
+            code.splitlines()[0],
+            "DDP022",
+        )
+
+
+def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | None:
+    inside = names_in(loop)
+    for name in sorted(inside & set(names)):
+        return name
+    cls = tree.parent.get(tree.function(loop)) if tree.function(loop) else None
+    cls = tree.parent.get(cls) if isinstance(cls, cst.IndentedBlock) else None
+    if isinstance(cls, cst.ClassDef):
+        methods = {f.name.value: f for f in tree.within(cls, cst.FunctionDef)}
+        for name in inside:
+            if name.startswith("self.") and name[5:] in methods:
+                used = names_in(methods[name[5:]]) & set(names)
+                if used:
+                    return sorted(used)[0]
+    return None
+
+
+def _set_epoch_code(tree: Tree, loop: cst.For, name: str, loader: Loader, epoch: str) -> str:
+    given = find_arg(loader.call, "sampler", 2)
+    if given is not None:
+        sampler = dotted(given.value)
+        bound = _sampler_call(tree, given.value)
+        if sampler and isinstance(bound, cst.IfExp):
+            return f"if {sampler} is not None:\n    {sampler}.set_epoch({epoch})\n"
+        if sampler and tree.scope(tree.statement(loader.call)) is tree.scope(loop):
+            return f"{sampler}.set_epoch({epoch})\n"
+    return f"{name}.sampler.set_epoch({epoch})\n"
+
+
+# -- loads ------------------------------------------------------------------------------
+
+
+def _map_location(tree: Tree, plan: Plan, edits: Edits) -> None:
+    for call in tree.calls_to("torch.load"):
+        if find_arg(call, "map_location", 1) is not None:
+            continue
+        edits.replace(
+            call,
+            lambda updated: append_arg(
+                updated, keyword("map_location", snippets.expression('"cpu"'))
+            ),
+        )
+        plan.change(
+            NAME,
+            'torch.load(..., map_location="cpu"): no rank restores onto GPU 0',
+            'map_location="cpu"',
+            "DDP012",
+        )

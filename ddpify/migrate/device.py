@@ -1,0 +1,110 @@
+"""Pass 3, device: `.cuda()`, `"cuda"` and `"cuda:0"` become this process's GPU.
+
+`init_distributed()` already made LOCAL_RANK the current device; the literals are
+rewritten anyway so the script says which GPU it uses. Strings that name a device
+*type* (autocast, GradScaler, `device.type == "cuda"`) stay as they are.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.names import find_arg, method_name
+from ddpify.migrate import snippets
+from ddpify.migrate.analyze import Plan
+from ddpify.migrate.edits import Edits
+from ddpify.migrate.tree import Tree
+
+NAME = "device"
+CUDA_LITERALS = ("cuda", "cuda:0")
+# Calls whose "cuda" argument is a device type, not a device.
+DEVICE_TYPE_CALLS = (
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.autocast",
+    "torch.cuda.amp.GradScaler",
+    "torch.get_autocast_dtype",
+)
+DEVICE_PARAM_METHODS = ("to", "cuda")
+
+
+def run(tree: Tree, plan: Plan) -> Edits:
+    edits = Edits()
+    if not plan.shape.converts:
+        return edits
+    for string in tree.find(cst.SimpleString):
+        if string.evaluated_value in CUDA_LITERALS and _names_a_device(tree, string):
+            quote = string.quote
+            edits.replace(string, snippets.expression(f"f{quote}cuda:{{LOCAL_RANK}}{quote}"))
+            plan.change(
+                NAME, f"{string.value} -> this process's GPU", "cuda:{LOCAL_RANK}", "DDP010"
+            )
+    for call in tree.find(cst.Call, lambda c: method_name(c) == "cuda"):
+        if not call.args or _is_zero(call.args[0].value):
+            edits.replace(call, call.with_changes(args=[cst.Arg(cst.Name("LOCAL_RANK"))]))
+            plan.change(NAME, ".cuda() -> .cuda(LOCAL_RANK)", ".cuda(LOCAL_RANK)", "DDP010")
+    for call in tree.calls_to("torch.device"):
+        index = find_arg(call, "index", 1)
+        if index is not None and _is_zero(index.value):
+            edits.replace(index.value, cst.Name("LOCAL_RANK"))
+            plan.change(NAME, 'torch.device("cuda", 0) -> LOCAL_RANK', "LOCAL_RANK", "DDP010")
+    if plan.spawn_function:
+        _spawn_rank_as_device(tree, plan, edits)
+    return edits
+
+
+def _is_zero(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Integer) and expr.evaluated_value == 0
+
+
+def _names_a_device(tree: Tree, string: cst.SimpleString) -> bool:
+    parent = tree.parent.get(string)
+    if isinstance(parent, (cst.ComparisonTarget, cst.Comparison, cst.DictElement)):
+        return False
+    if isinstance(parent, cst.Arg):
+        if parent.keyword is not None and parent.keyword.value == "device_type":
+            return False
+        call = tree.parent.get(parent)
+        if isinstance(call, cst.Call):
+            name = tree.qualify(call.func)
+            if name in DEVICE_TYPE_CALLS:
+                return False
+            if name == "torch.device" and len(call.args) > 1:
+                return False  # torch.device("cuda", index): the type, with its index
+    return True
+
+
+def _spawn_rank_as_device(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """In the spawned worker, its first parameter was the GPU index as well as the rank;
+    under torchrun the rank is global, so device uses switch to LOCAL_RANK."""
+    worker = tree.functions()[plan.spawn_function]  # type: ignore[index]
+    param = plan.spawn_rank_param
+    for name in tree.within(worker, cst.Name):
+        if name.value != param or not _device_use(tree, name):
+            continue
+        edits.replace(name, cst.Name("LOCAL_RANK"))
+        plan.change(NAME, f"{param} used as a GPU index -> LOCAL_RANK", "LOCAL_RANK", "DDP011")
+
+
+def _device_use(tree: Tree, name: cst.Name) -> bool:
+    parent = tree.parent.get(name)
+    if isinstance(parent, cst.FormattedStringExpression):
+        fstring = tree.parent.get(parent)
+        first = fstring.parts[0] if isinstance(fstring, cst.FormattedString) else None
+        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
+    if isinstance(parent, cst.Element):
+        parent = tree.parent.get(tree.parent.get(parent))  # Element -> List -> Arg
+    while isinstance(parent, cst.IfExp):  # `device_ids=[rank] if cuda else None`
+        parent = tree.parent.get(parent)
+    if not isinstance(parent, cst.Arg):
+        return False
+    if parent.keyword is not None:
+        return parent.keyword.value in ("device_ids", "output_device", "device", "device_id")
+    call = tree.parent.get(parent)
+    if not isinstance(call, cst.Call):
+        return False
+    return method_name(call) in DEVICE_PARAM_METHODS or tree.qualify(call.func) in (
+        "torch.device",
+        "torch.cuda.set_device",
+    )

@@ -1,0 +1,100 @@
+"""Pass 8, imports: add what the other passes used, drop what they made unused."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted
+from ddpify.migrate import snippets
+from ddpify.migrate.analyze import DDP, DIST_SAMPLER, Plan
+from ddpify.migrate.edits import Edits
+from ddpify.migrate.tree import Tree
+
+NAME = "imports"
+DROPPABLE = ("torch.multiprocessing", "torch.cuda.amp")
+
+
+def run(tree: Tree, plan: Plan) -> Edits:
+    edits = Edits()
+    imports = _top_imports(tree)
+    if not imports:
+        return edits
+    torch_imports = [s for s in imports if _module(s).startswith("torch")]
+    after = torch_imports[-1] if torch_imports else imports[-1]
+    wanted = []
+    if "dist" in plan.needs and tree.alias_for("torch.distributed") is None:
+        wanted.append(f"import torch.distributed as {plan.dist}")
+    if "ddp" in plan.needs and tree.alias_for(DDP) is None:
+        wanted.append(f"from torch.nn.parallel import DistributedDataParallel as {plan.ddp}")
+    if "sampler" in plan.needs and tree.alias_for(DIST_SAMPLER) is None:
+        wanted.append("from torch.utils.data.distributed import DistributedSampler")
+    for line in wanted:
+        edits.after[after].append(snippets.statement(line))
+        plan.change(NAME, line, line)
+    if "os" in plan.needs and tree.imports.aliases.get("os") != "os":
+        first_torch = torch_imports[0] if torch_imports else None
+        stdlib = [s for s in imports if first_torch is None or tree.after(first_torch, s)]
+        if stdlib:
+            edits.after[stdlib[-1]].append(snippets.statement("import os"))
+        else:
+            first = imports[0]
+            edits.before[first].append(snippets.statement("import os"))
+        plan.change(NAME, "import os", "import os")
+    _drop_unused(tree, plan, edits, imports)
+    return edits
+
+
+def _top_imports(tree: Tree) -> list[cst.SimpleStatementLine]:
+    return [
+        s
+        for s in tree.module.body
+        if isinstance(s, cst.SimpleStatementLine)
+        and len(s.body) == 1
+        and isinstance(s.body[0], (cst.Import, cst.ImportFrom))
+    ]
+
+
+def _module(stmt: cst.SimpleStatementLine) -> str:
+    node = stmt.body[0]
+    if isinstance(node, cst.Import):
+        return dotted(node.names[0].name) or ""
+    return dotted(node.module) if node.module is not None else ""  # type: ignore[return-value]
+
+
+def _used_names(tree: Tree) -> set[str]:
+    used = set()
+    for name in tree.find(cst.Name):
+        statement = tree.statement(name)
+        if isinstance(statement, cst.SimpleStatementLine) and isinstance(
+            statement.body[0], (cst.Import, cst.ImportFrom)
+        ):
+            continue
+        used.add(name.value)
+    return used
+
+
+def _drop_unused(tree, plan, edits, imports) -> None:
+    used = _used_names(tree)
+    for stmt in imports:
+        module = _module(stmt)
+        if not module.startswith(DROPPABLE):
+            continue
+        node = stmt.body[0]
+        if isinstance(node.names, cst.ImportStar):
+            continue
+        bound = [_bound(alias) for alias in node.names]
+        keep = [alias for alias, name in zip(node.names, bound) if name in used]
+        if len(keep) == len(bound):
+            continue
+        if not keep:
+            edits.removed.add(stmt)
+        else:
+            keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            edits.replace(node, node.with_changes(names=keep))
+        plan.change(NAME, f"dropped unused imports from {module}", None)
+
+
+def _bound(alias: cst.ImportAlias) -> str:
+    if alias.asname is not None:
+        return dotted(alias.asname.name) or ""  # type: ignore[arg-type]
+    return (dotted(alias.name) or "").split(".")[0]

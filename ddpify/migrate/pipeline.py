@@ -1,0 +1,114 @@
+"""The migration pipeline: gates around a sequence of passes over one module.
+
+Each pass analyses the current tree, plans edits and applies them; its output must
+compile before the next pass runs, so a broken rewrite is blamed on the pass that made
+it. At the end the whole migration must be idempotent and `ddpify check` must not
+report any code the migration claims to have fixed. A failed gate raises GateError and
+nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Callable
+
+import libcst as cst
+
+from ddpify.gates import GateError, check_compiles, check_roundtrip
+from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wrap
+from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze
+from ddpify.migrate.edits import Edits
+from ddpify.migrate.report import MigrationResult
+from ddpify.migrate.tree import Tree
+
+Pass = tuple[str, Callable[[Tree, Plan], Edits]]
+
+PASSES: list[Pass] = [
+    (entrypoint.NAME, entrypoint.run),
+    (device.NAME, device.run),
+    (wrap.NAME, wrap.run),
+    (data.NAME, data.run),
+    (amp.NAME, amp.run),
+    (rank_zero.NAME, rank_zero.run),
+    (imports.NAME, imports.run),
+]
+
+
+def migrate_source(
+    text: str,
+    filename: str = "train.py",
+    options: Options | None = None,
+    *,
+    gates: bool = True,
+    passes: Sequence[Pass] | None = None,
+) -> MigrationResult:
+    """Migrate one script's text. Raises GateError when a safety gate fails."""
+    options = options or Options()
+    passes = PASSES if passes is None else passes
+    module = check_roundtrip(text)
+    try:
+        tree = Tree(module)
+        plan = analyze(tree, options)
+        for name, run in passes:
+            module = _run_pass(name, run, tree, plan)
+            tree = Tree(module)
+    except NotMigrated as exc:
+        return MigrationResult(filename, text, text, exc.shape.value, False, exc.reason)
+    output = module.code
+    result = _result(filename, text, output, plan)
+    if gates and result.changed:
+        _gate_idempotent(result, options, passes)
+        _gate_check(result)
+    result.locate()
+    return result
+
+
+def _run_pass(name: str, run, tree: Tree, plan: Plan) -> cst.Module:
+    try:
+        edits = run(tree, plan)
+        module = edits.apply(tree.module)
+        code = module.code
+    except NotMigrated:
+        raise
+    except Exception as exc:  # a bug in the pass: blame it, write nothing
+        raise GateError(name, f"{type(exc).__name__}: {exc}") from exc
+    check_compiles(code, name)
+    return cst.parse_module(code)
+
+
+def _result(filename: str, text: str, output: str, plan: Plan) -> MigrationResult:
+    return MigrationResult(
+        filename=filename,
+        original=text,
+        output=output,
+        shape=plan.shape.value,
+        migrated=True,
+        changes=plan.changes,
+        needs_human=plan.human,
+        batch_policy=plan.options.batch_policy,
+        lr_scaling=plan.lr_scaling,
+        lr_rule=plan.lr_rule,
+        amp=(plan.options.amp if plan.amp_added else "off") if plan.shape.converts else "unchanged",
+    )
+
+
+def _gate_idempotent(result: MigrationResult, options: Options, passes) -> None:
+    again = migrate_source(result.output, result.filename, options, gates=False, passes=passes)
+    if again.output != result.output:
+        culprits = sorted({c.pass_name for c in again.changes}) or ["pipeline"]
+        raise GateError(
+            ", ".join(culprits), "not idempotent: migrating the output again changes it"
+        )
+
+
+def _gate_check(result: MigrationResult) -> None:
+    from ddpify.engine import check_source
+    from ddpify.rules import ALL_RULES
+
+    claimed = result.fixed_codes
+    found = check_source(result.output, result.filename, ALL_RULES, force=True).diagnostics
+    left = [d for d in found if d.code in claimed]
+    if left:
+        passes = sorted({c.pass_name for c in result.changes if c.code in {d.code for d in left}})
+        listed = "; ".join(f"{d.code} at line {d.location.row}: {d.message}" for d in left[:3])
+        raise GateError(", ".join(passes), f"`ddpify check` still reports {listed}")

@@ -1,0 +1,283 @@
+"""Pass 7, rank-zero: saves, prints, loggers, writers and progress bars on global rank 0.
+
+Consecutive side effects share one `if RANK == 0:`; an `if` that holds nothing else
+gets `and RANK == 0` added to its test. Writers are created on rank 0 only, progress
+bars are disabled elsewhere, and a barrier keeps other ranks from reading a checkpoint
+before rank 0 has written it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
+from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.migrate import snippets
+from ddpify.migrate.analyze import Plan, training_loops
+from ddpify.migrate.args import append_arg, keyword
+from ddpify.migrate.edits import Edits
+from ddpify.migrate.tree import Tree, names_in
+
+NAME = "rank-zero"
+LOG_METHODS = {"info", "debug", "warning", "warn", "log"}
+LOGGER_NAMES = {"logger", "log", "logging", "LOGGER", "LOG", "_logger"}
+WRITER_CLASSES = ("SummaryWriter",)
+WANDB = {"init", "log", "finish", "save", "watch", "log_artifact"}
+RANK_CONSTANT = 'RANK = int(os.environ.get("RANK", "0"))\n'
+
+
+def run(tree: Tree, plan: Plan) -> Edits:
+    edits = Edits()
+    rank = _rank_name(tree, plan, edits)
+    test = f"{rank} == 0"
+    writers = _writers(tree, plan, edits, rank)
+    effects = [s for s in _side_effects(tree, writers) if _needs_guard(tree, plan, s, rank)]
+    local = _shard_values(tree)
+    for run_ in _runs(tree, effects):
+        _guard(tree, plan, edits, run_, test, local)
+    _progress_bars(tree, plan, edits, rank)
+    _barriers(tree, plan, edits)
+    return edits
+
+
+def _rank_name(tree: Tree, plan: Plan, edits: Edits) -> str:
+    """RANK for converted scripts; an already-distributed script's own module-level rank."""
+    for stmt in tree.module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+            assign = stmt.body[0]
+            target = assign.targets[0].target
+            if isinstance(target, cst.Name) and rank_scope(target) is Scope.GLOBAL:
+                if rank_scope(assign.value) is Scope.GLOBAL or target.value == "RANK":
+                    return target.value
+    if not plan.shape.converts:
+        _add_rank_constant(tree, plan, edits)
+    return "RANK"
+
+
+def _add_rank_constant(tree: Tree, plan: Plan, edits: Edits) -> None:
+    last = None
+    for stmt in tree.module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            break
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
+            stmt.body[0], (cst.Import, cst.ImportFrom)
+        ):
+            last = stmt
+    plan.needs.add("os")
+    line = snippets.statements(RANK_CONSTANT, snippets.ENV_COMMENT)[0]
+    if last is None:
+        edits.before[tree.module.body[0]].append(line)
+    else:
+        edits.after[last].append(line)
+    plan.change(NAME, "the global rank from torchrun's environment", "RANK = int(")
+
+
+# -- what to guard ----------------------------------------------------------------------
+
+
+def _writers(tree: Tree, plan: Plan, edits: Edits, rank: str) -> set[str]:
+    """`writer = SummaryWriter(...)` -> created on rank 0 only (None elsewhere)."""
+    names = set()
+    for call in tree.find(cst.Call):
+        name = tree.qualify(call.func) or dotted(call.func) or ""
+        if name.rsplit(".", 1)[-1] not in WRITER_CLASSES:
+            continue
+        statement = tree.statement(call)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not isinstance(small, cst.Assign) or small.value is not call:
+            continue
+        target = dotted(small.targets[0].target)
+        if target:
+            names.add(target)
+        if rank_zero_scope(tree.ancestors(call)) is not None:
+            continue
+        new = f"{tree.code(call)} if {rank} == 0 else None"
+        edits.replace(call, snippets.expression(new))
+        plan.change(
+            NAME, f"{target} is created on rank 0 only", f"if {rank} == 0 else None", "DDP052"
+        )
+    return names
+
+
+def _side_effects(tree: Tree, writers: set[str]) -> list[cst.BaseStatement]:
+    found = []
+    for stmt in tree.find(cst.SimpleStatementLine):
+        small = stmt.body[0] if len(stmt.body) == 1 else None
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            if _kind(tree, small.value, writers):
+                found.append(stmt)
+    for stmt in tree.find(cst.With):
+        if any(_writes_file(tree, item.item) for item in stmt.items):
+            found.append(stmt)
+    return sorted(found, key=lambda s: tree.order[s])
+
+
+def _kind(tree: Tree, call: cst.Call, writers: set[str]) -> str | None:
+    name = dotted(call.func) or ""
+    qualified = tree.qualify(call.func) or ""
+    if name == "print":
+        return "print"
+    if qualified == "torch.save":
+        return "save"
+    receiver, _, method = name.rpartition(".")
+    if receiver in writers:
+        return "writer"
+    if qualified.startswith("wandb.") and method in WANDB:
+        return "wandb"
+    if method in LOG_METHODS and receiver in LOGGER_NAMES | _loggers(tree):
+        return "log"
+    return None
+
+
+def _loggers(tree: Tree) -> set[str]:
+    if not hasattr(tree, "_loggers"):
+        names = set()
+        for call in tree.calls_to("logging.getLogger"):
+            small = tree.statement(call)
+            if isinstance(small, cst.SimpleStatementLine) and isinstance(small.body[0], cst.Assign):
+                target = dotted(small.body[0].targets[0].target)
+                if target:
+                    names.add(target)
+        tree._loggers = names  # type: ignore[attr-defined]
+    return tree._loggers  # type: ignore[attr-defined]
+
+
+def _writes_file(tree: Tree, expr: cst.BaseExpression) -> bool:
+    if not isinstance(expr, cst.Call) or dotted(expr.func) != "open":
+        return False
+    mode = find_arg(expr, "mode", 1)
+    value = mode.value if mode else None
+    return isinstance(value, cst.SimpleString) and any(c in value.evaluated_value for c in "wax")
+
+
+def _needs_guard(tree: Tree, plan: Plan, stmt: cst.BaseStatement, rank: str) -> bool:
+    scope = rank_zero_scope(tree.ancestors(stmt))
+    if scope is Scope.GLOBAL:
+        return False
+    if scope is Scope.LOCAL:
+        plan.needs_human(
+            "guarded by a node-local rank: one copy per node runs this; use the "
+            "global rank (DDP050)",
+            tree.code(stmt),
+        )
+        return False
+    if tree.function(stmt) is None and not _after_rank(tree, stmt, rank):
+        return False
+    return True
+
+
+def _after_rank(tree: Tree, stmt: cst.BaseStatement, rank: str) -> bool:
+    for top in tree.module.body:
+        if isinstance(top, cst.SimpleStatementLine) and isinstance(top.body[0], cst.Assign):
+            if dotted(top.body[0].targets[0].target) == rank:
+                return tree.after(stmt, top)
+    return True  # defined by this pass after the imports
+
+
+def _runs(tree: Tree, effects: list[cst.BaseStatement]) -> list[list[cst.BaseStatement]]:
+    """Consecutive side effects in the same block."""
+    runs: list[list[cst.BaseStatement]] = []
+    for stmt in effects:
+        if any(tree.inside(stmt, other) for r in runs for other in r):
+            continue
+        if runs and tree.block(runs[-1][-1]) is tree.block(stmt):
+            body = list(tree.block(stmt).body)
+            if body.index(stmt) == body.index(runs[-1][-1]) + 1:
+                runs[-1].append(stmt)
+                continue
+        runs.append([stmt])
+    return runs
+
+
+# -- guarding ---------------------------------------------------------------------------
+
+
+def _shard_values(tree: Tree) -> set[str]:
+    """Names computed in a training loop: under DDP they describe this rank's shard only."""
+    names = {"loss"}
+    for loop in training_loops(tree):
+        for node in tree.within(loop, (cst.Assign, cst.AugAssign)):
+            targets = node.targets if isinstance(node, cst.Assign) else [node]
+            names |= {dotted(t.target) for t in targets} - {None}  # type: ignore[operator]
+    return names
+
+
+def _guard(tree, plan, edits, run: list[cst.BaseStatement], test: str, local: set[str]) -> None:
+    for stmt in run:
+        _record(tree, plan, stmt, local)
+    block = tree.block(run[0])
+    owner = tree.parent.get(block)
+    if (
+        isinstance(owner, cst.If)
+        and owner.orelse is None
+        and len(block.body) == len(run)
+        and not isinstance(owner.test, (cst.BooleanOperation, cst.IfExp, cst.NamedExpr))
+    ):
+        new_test = snippets.expression(f"{tree.code(owner.test)} and {test}")
+        edits.replace(owner.test, new_test)
+        return
+    template = snippets.statement(f"if {test}:\n    pass\n")
+
+    def wrap(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        first = members[0]
+        body = [snippets.bare(first), *members[1:]]
+        return [
+            template.with_changes(
+                body=template.body.with_changes(body=body), leading_lines=first.leading_lines
+            )
+        ]
+
+    edits.group(run, wrap)
+
+
+def _record(tree: Tree, plan: Plan, stmt: cst.BaseStatement, local: set[str]) -> None:
+    code = tree.code(stmt).strip()
+    first = code.splitlines()[-1] if isinstance(stmt, cst.SimpleStatementLine) else code
+    if "torch.save" in code or "open(" in code:
+        plan.change(NAME, "writes on global rank 0 only", first, "DDP050")
+    else:
+        plan.change(NAME, "logs on global rank 0 only", first, "DDP052")
+    if isinstance(stmt, cst.SimpleStatementLine) and "save" not in code:
+        if names_in(stmt) & local:
+            plan.needs_human(
+                "this logs rank 0's shard only; all-reduce the value if it should "
+                "cover all ranks (DDP054)",
+                first,
+            )
+
+
+def _progress_bars(tree: Tree, plan: Plan, edits: Edits, rank: str) -> None:
+    for call in tree.find(cst.Call):
+        name = dotted(call.func) or ""
+        if name.rsplit(".", 1)[-1] not in ("tqdm", "trange") or find_arg(call, "disable"):
+            continue
+        if rank_zero_scope(tree.ancestors(call)) is not None:
+            continue
+        flag = keyword("disable", snippets.expression(f"{rank} != 0"))
+        edits.replace(call, lambda updated, flag=flag: append_arg(updated, flag))
+        plan.change(NAME, "progress bar on rank 0 only", f"disable={rank} != 0", "DDP052")
+
+
+def _barriers(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """Rank 0 writes a checkpoint that every rank then loads: wait for the write."""
+    saves = tree.calls_to("torch.save")
+    if not saves:
+        return
+    barriers = tree.find(cst.Call, lambda c: method_name(c) == "barrier")
+    done = set()
+    for load in tree.calls_to("torch.load"):
+        scope = tree.scope(load)
+        earlier = [s for s in saves if tree.scope(s) is scope and tree.after(load, s)]
+        if not earlier or rank_zero_scope(tree.ancestors(load)) is not None:
+            continue
+        if any(tree.after(b, earlier[-1]) and tree.after(load, b) for b in barriers):
+            continue
+        statement = tree.statement(load)
+        if statement in done:
+            continue
+        done.add(statement)
+        plan.needs.add("dist")
+        line = f"{plan.dist}.barrier()"
+        comment = "# ddpify: wait until rank 0 has written the checkpoint"
+        edits.before[statement].append(snippets.statements(line, comment)[0])
+        plan.change(NAME, "barrier before reading what rank 0 wrote", line, "DDP050")

@@ -1,0 +1,122 @@
+"""What a migration did: changes, places needing a human, how to run the result.
+
+`MigrationResult` is what `ddpify verify` is told about the migration: the batch policy
+and the learning-rate scaling it applied, so that deliberate changes are not mistaken
+for bugs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TextIO
+
+
+@dataclass
+class Change:
+    pass_name: str
+    description: str
+    code: str | None = None  # the lint code this change fixes, if any
+    anchor: str | None = None  # a line of the output that shows the change
+    line: int | None = None  # 1-based, in the migrated file
+
+
+@dataclass
+class HumanItem:
+    why: str
+    anchor: str | None = None
+    line: int | None = None  # 1-based, in the migrated file (or the original if untouched)
+
+
+@dataclass
+class MigrationResult:
+    filename: str
+    original: str
+    output: str
+    shape: str
+    migrated: bool
+    reason: str | None = None  # why the script was left untouched
+    changes: list[Change] = field(default_factory=list)
+    needs_human: list[HumanItem] = field(default_factory=list)
+    batch_policy: str = "per-rank"
+    lr_scaling: str = "none"  # the rule applied: linear, sqrt or none
+    lr_rule: str | None = None  # the rule's name as written in the output's comment
+    amp: str = "off"
+
+    @property
+    def changed(self) -> bool:
+        return self.output != self.original
+
+    @property
+    def fixed_codes(self) -> set[str]:
+        return {change.code for change in self.changes if change.code}
+
+    def lr_scale_for(self, world_size: int) -> float:
+        """The factor the learning rate is multiplied by when `world_size` processes run."""
+        if self.lr_scaling == "linear":
+            return float(world_size)
+        if self.lr_scaling == "sqrt":
+            return math.sqrt(world_size)
+        return 1.0
+
+    def commands(self, script: str) -> list[tuple[str, str]]:
+        return [
+            ("one process, as before", f"python {script}"),
+            ("every GPU of this machine", f"torchrun --standalone --nproc_per_node=gpu {script}"),
+            ("two processes on CPU (gloo)", f"torchrun --standalone --nproc_per_node=2 {script}"),
+            (
+                "several machines: run on each, HOST being the first machine's address",
+                "torchrun --nnodes=2 --nproc_per_node=gpu --rdzv_id=job1 --rdzv_backend=c10d "
+                f"--rdzv_endpoint=HOST:29500 {script}",
+            ),
+        ]
+
+    def locate(self) -> None:
+        """Give every change and human item a line of the output, found from its anchor."""
+        lines = [line.strip() for line in self.output.splitlines()]
+        claimed: set[int] = set()
+        for item in [*self.changes, *self.needs_human]:
+            if item.anchor is None or item.line is not None:
+                continue
+            anchor = item.anchor.strip()
+            matches = [i for i, line in enumerate(lines) if line == anchor] or [
+                i for i, line in enumerate(lines) if anchor and anchor in line
+            ]
+            free = [i for i in matches if i not in claimed] or matches
+            if free:
+                claimed.add(free[0])
+                item.line = free[0] + 1
+        self.changes.sort(key=lambda c: c.line or 0)
+        self.needs_human.sort(key=lambda h: h.line or 0)
+
+    def render(self, stream: TextIO, script: str | None = None) -> None:
+        script = script or self.filename
+        write = stream.write
+        if not self.migrated:
+            write(f"{self.filename}: not migrated ({self.shape}): {self.reason}\n")
+            return
+        if not self.changed:
+            write(f"{self.filename}: {self.shape} script; nothing to change\n")
+        else:
+            write(f"{self.filename}: migrated ({self.shape})\n")
+        if self.changes:
+            write("\nChanges:\n")
+            for change in self.changes:
+                code = f" [{change.code}]" if change.code else ""
+                write(f"  {_line(change.line)} {change.pass_name:<10} {change.description}{code}\n")
+        if self.needs_human:
+            write("\nNeeds a human:\n")
+            for item in self.needs_human:
+                write(f"  {_line(item.line)} {item.why}\n")
+        if self.changed:
+            write(f"\nBatch policy: {self.batch_policy}")
+            if self.lr_scaling != "none":
+                write(f"; learning rate scaled by the {self.lr_rule}")
+            write(f". Mixed precision: {self.amp}.\n")
+        write("\nRun it:\n")
+        for label, command in self.commands(script):
+            write(f"  # {label}\n  {command}\n")
+
+
+def _line(line: int | None) -> str:
+    return f"line {line:>4}:" if line else "          "

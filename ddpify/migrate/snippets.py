@@ -1,0 +1,96 @@
+"""Code the migration writes, as templates, and helpers to turn text into nodes."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.migrate.analyze import SETUP_FUNCTION
+
+ENV_COMMENT = (
+    "# ddpify: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; a plain `python` run is rank 0 of 1."
+)
+
+ENV_CONSTANTS = """\
+RANK = int(os.environ.get("RANK", "0"))
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
+"""
+
+SETUP = '''\
+
+
+def {name}():
+    """Join torchrun's process group (nccl on GPUs, gloo on CPU); a lone process makes its own."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(LOCAL_RANK)
+    if "RANK" in os.environ:
+        {dist}.init_process_group(backend)
+    else:
+        {dist}.init_process_group(backend, store={dist}.HashStore(), rank=0, world_size=1)
+'''
+
+AMP_COMMENT = "# ddpify: mixed precision on GPUs only ({choice}); CPU runs stay exact."
+AMP_DTYPES = {
+    "auto": "torch.bfloat16 if USE_AMP and torch.cuda.is_bf16_supported() else torch.float16",
+    "bf16": "torch.bfloat16",
+    "fp16": "torch.float16",
+}
+AMP_CONSTANTS = """\
+USE_AMP = torch.cuda.is_available()
+AMP_DTYPE = {dtype}
+SCALER = torch.amp.GradScaler("cuda", enabled=USE_AMP and AMP_DTYPE == torch.float16)
+"""
+AMP_CHOICE = {
+    "auto": "bf16, else fp16 with a GradScaler",
+    "bf16": "bf16",
+    "fp16": "fp16 with a GradScaler",
+}
+AUTOCAST = 'with torch.autocast("cuda", dtype=AMP_DTYPE, enabled=USE_AMP):\n    pass\n'
+DEVICE_IDS = "[LOCAL_RANK] if torch.cuda.is_available() else None"
+
+
+def statements(code: str, comment: str | None = None) -> list[cst.BaseStatement]:
+    """Parse `code` as statements; leading blank lines and `comment` go before the first."""
+    module = cst.parse_module(code)
+    body = list(module.body)
+    leading = list(module.header)
+    if comment is not None:
+        leading.append(cst.EmptyLine(comment=cst.Comment(comment)))
+    if body:
+        body[0] = body[0].with_changes(leading_lines=[*leading, *body[0].leading_lines])
+    return body
+
+
+def statement(code: str) -> cst.BaseStatement:
+    return statements(code)[0]
+
+
+def expression(code: str) -> cst.BaseExpression:
+    return cst.parse_expression(code)
+
+
+def setup_function(dist: str) -> list[cst.BaseStatement]:
+    return statements(SETUP.format(name=SETUP_FUNCTION, dist=dist))
+
+
+def with_comment(node: cst.BaseStatement, comment: str) -> cst.BaseStatement:
+    """`node` with a `# comment` line above it (after its blank lines and comments)."""
+    line = cst.EmptyLine(comment=cst.Comment(comment))
+    return node.with_changes(leading_lines=[*node.leading_lines, line])
+
+
+def bare(node: cst.BaseStatement) -> cst.BaseStatement:
+    """`node` without the blank lines and comments above it."""
+    return node.with_changes(leading_lines=[])
+
+
+def try_finally(body: list[cst.BaseStatement], cleanup: cst.BaseStatement) -> cst.Try:
+    """`try: <body> finally: <cleanup>`, keeping the first statement's leading lines outside."""
+    first = body[0]
+    inner = [bare(first), *body[1:]]
+    return cst.Try(
+        body=cst.IndentedBlock(body=inner),
+        finalbody=cst.Finally(body=cst.IndentedBlock(body=[bare(cleanup)])),
+        leading_lines=first.leading_lines,
+    )

@@ -1,0 +1,177 @@
+"""A parsed module with the lookups every pass needs: parents, order, imports, scopes.
+
+Passes analyse one `Tree`, plan edits keyed by the nodes they found, and apply them with
+a transformer that compares `original_node` by identity; the next pass builds a new Tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Callable
+
+import libcst as cst
+
+from ddpify.analysis.names import CANONICAL, ImportMap, dotted
+
+BLOCKS = (cst.Module, cst.IndentedBlock)
+SCOPES = (cst.Module, cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+class Tree:
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.order: dict[cst.CSTNode, int] = {}
+        self.nodes: list[cst.CSTNode] = []
+        self.imports = ImportMap()
+        module.visit(_Collector(self))
+
+    # -- structure -------------------------------------------------------------------
+
+    def ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        """From the module down to `node` itself."""
+        chain = [node]
+        while chain[-1] in self.parent:
+            chain.append(self.parent[chain[-1]])
+        return chain[::-1]
+
+    def statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
+        """The statement in a block that contains `node` (itself, if it is one)."""
+        current: cst.CSTNode | None = node
+        while current is not None:
+            parent = self.parent.get(current)
+            if isinstance(current, cst.BaseStatement) and isinstance(parent, BLOCKS):
+                return current
+            current = parent
+        return None
+
+    def block(self, statement: cst.BaseStatement) -> cst.Module | cst.IndentedBlock:
+        return self.parent[statement]  # type: ignore[return-value]
+
+    def scope(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The innermost function, class or module around `node`."""
+        current = self.parent.get(node)
+        while current is not None and not isinstance(current, SCOPES):
+            current = self.parent.get(current)
+        return current or self.module
+
+    def function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        current = self.parent.get(node)
+        while current is not None and not isinstance(current, cst.FunctionDef):
+            current = self.parent.get(current)
+        return current
+
+    def inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        current: cst.CSTNode | None = node
+        while current is not None:
+            if current is container:
+                return True
+            current = self.parent.get(current)
+        return False
+
+    def after(self, node: cst.CSTNode, anchor: cst.CSTNode) -> bool:
+        return self.order[node] > self.order[anchor]
+
+    # -- queries ---------------------------------------------------------------------
+
+    def qualify(self, expr: cst.BaseExpression) -> str | None:
+        return self.imports.qualify(expr)
+
+    def find(self, kind: type, where: Callable[[cst.CSTNode], bool] | None = None) -> list:
+        return [n for n in self.nodes if isinstance(n, kind) and (where is None or where(n))]
+
+    def calls_to(self, *names: str) -> list[cst.Call]:
+        return self.find(cst.Call, lambda c: self.qualify(c.func) in names)
+
+    def within(self, container: cst.CSTNode, kind: type = cst.CSTNode) -> Iterator:
+        """Nodes of `kind` inside `container`, in source order."""
+        start = self.order[container]
+        for node in self.nodes[start + 1 :]:
+            if not self.inside(node, container):
+                break
+            if isinstance(node, kind):
+                yield node
+
+    def alias_for(self, qualified: str) -> str | None:
+        """The local name an import binds to `qualified` (e.g. `dist`), if any."""
+        for local, full in self.imports.aliases.items():
+            if CANONICAL.get(full, full) == qualified:
+                return local
+        return None
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def functions(self) -> dict[str, cst.FunctionDef]:
+        found: dict[str, cst.FunctionDef] = {}
+        for func in self.find(cst.FunctionDef):
+            found.setdefault(func.name.value, func)
+        return found
+
+    def main_guard(self) -> cst.If | None:
+        for stmt in self.module.body:
+            if isinstance(stmt, cst.If) and is_main_test(stmt.test):
+                return stmt
+        return None
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        tree = self.tree
+        if self.stack:
+            tree.parent[node] = self.stack[-1]
+        tree.order[node] = len(tree.nodes)
+        tree.nodes.append(node)
+        self.stack.append(node)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            tree.imports.add(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+def is_main_test(test: cst.BaseExpression) -> bool:
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    right = test.comparisons[0].comparator
+    return (
+        dotted(test.left) == "__name__"
+        and isinstance(right, cst.SimpleString)
+        and right.evaluated_value == "__main__"
+    )
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every dotted Name/Attribute chain in `node` (`self.model`, `model`, `self`)."""
+    found: set[str] = set()
+
+    class _Visit(cst.CSTVisitor):
+        def visit_Attribute(self, n: cst.Attribute) -> None:
+            name = dotted(n)
+            if name:
+                found.add(name)
+
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+    node.visit(_Visit())
+    return found
+
+
+def mentions(node: cst.CSTNode, name: str) -> bool:
+    return name in names_in(node)
+
+
+def parse_statements(code: str) -> list[cst.BaseStatement]:
+    return list(cst.parse_module(code).body)
+
+
+def indent_of(tree: Tree, statement: cst.BaseStatement) -> str:
+    """The indentation (relative to the module) of a statement's block, for templates."""
+    depth = sum(1 for a in tree.ancestors(statement) if isinstance(a, cst.IndentedBlock))
+    return "    " * depth

@@ -1,0 +1,337 @@
+"""Pass 4, wrap: DataParallel or the bare model becomes DistributedDataParallel.
+
+The wrap goes after everything that prepares the model (moves, loads, freezing,
+compile) and before it trains; SyncBatchNorm conversion, on CUDA only, comes right
+before it. After the wrap, anything but the forward call and the nn.Module API goes
+through `.module`, so attributes resolve and checkpoints keep the original's keys.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted, method_name
+from ddpify.migrate import snippets
+from ddpify.migrate.analyze import (
+    DATA_PARALLEL,
+    DDP,
+    NotMigrated,
+    Plan,
+    Shape,
+    bound_target,
+    model_names,
+    optimizer_calls,
+    propagate,
+)
+from ddpify.migrate.edits import Edits
+from ddpify.migrate.tree import Tree, mentions
+
+NAME = "wrap"
+PREPARES = {
+    "to",
+    "cuda",
+    "cpu",
+    "half",
+    "float",
+    "double",
+    "bfloat16",
+    "load_state_dict",
+    "apply",
+    "requires_grad_",
+    "load",
+}
+# What a DDP wrapper answers itself, like the module it wraps.
+MODULE_API = {
+    "module",
+    "parameters",
+    "named_parameters",
+    "buffers",
+    "named_buffers",
+    "children",
+    "named_children",
+    "modules",
+    "named_modules",
+    "train",
+    "eval",
+    "zero_grad",
+    "to",
+    "cuda",
+    "cpu",
+    "requires_grad_",
+    "training",
+    "apply",
+    "no_sync",
+    "join",
+    "forward",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_comm_hook",
+    "half",
+    "float",
+    "type",
+}
+SYNC_BN = """\
+if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
+    {model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})
+"""
+
+
+def run(tree: Tree, plan: Plan) -> Edits:
+    edits = Edits()
+    wrapped: list[tuple[str, cst.CSTNode]] = []  # (name, the statement that wraps it)
+    if plan.shape is Shape.DATA_PARALLEL:
+        wrapped += _replace_data_parallel(tree, plan, edits)
+    elif plan.shape is Shape.SINGLE:
+        wrapped += _wrap_model(tree, plan, edits)
+    for call in tree.calls_to(DDP):
+        target = bound_target(tree, call)
+        if target:
+            wrapped.append((target, tree.statement(call)))
+    _through_module(tree, plan, edits, wrapped)
+    return edits
+
+
+def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
+    if not plan.options.sync_bn or not plan.shape.converts:
+        return False
+    code = tree.module.code
+    return "BatchNorm" in code and "convert_sync_batchnorm" not in code
+
+
+def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
+    plan.change(
+        NAME,
+        "SyncBatchNorm conversion before the wrap (CUDA only)",
+        "if torch.cuda.is_available():  # SyncBatchNorm needs CUDA",
+        "DDP030",
+    )
+    return snippets.statement(SYNC_BN.format(model=model))
+
+
+def _ddp_call(plan: Plan, inner: str) -> str:
+    plan.needs.add("ddp")
+    return f"{plan.ddp}({inner}, device_ids={snippets.DEVICE_IDS})"
+
+
+# -- DataParallel -----------------------------------------------------------------------
+
+
+def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
+    wrapped = []
+    for call in tree.calls_to(DATA_PARALLEL):
+        if not call.args:
+            continue
+        outer = _chain_top(tree, call)
+        suffix = tree.code(outer)[len(tree.code(call)) :]
+        inner = tree.code(call.args[0].value)
+        new = snippets.expression(_ddp_call(plan, inner + suffix))
+        edits.replace(outer, new)
+        statement = tree.statement(call)
+        plan.change(
+            NAME,
+            "DataParallel -> DistributedDataParallel (one process per GPU)",
+            f"{plan.ddp}(",
+            "DDP070",
+        )
+        if _wants_sync_bn(tree, plan) and isinstance(call.args[0].value, cst.Name):
+            edits.before[statement].append(_sync_bn(plan, inner))
+        _unconditional(tree, edits, statement)
+        target = bound_target(tree, call)
+        if target:
+            wrapped.append((target, statement))
+    return wrapped
+
+
+def _chain_top(tree: Tree, call: cst.Call) -> cst.BaseExpression:
+    """`DataParallel(m).to(dev).cuda()` for the DataParallel(m) inside it."""
+    node: cst.BaseExpression = call
+    while True:
+        attr = tree.parent.get(node)
+        outer = tree.parent.get(attr) if attr is not None else None
+        if isinstance(attr, cst.Attribute) and isinstance(outer, cst.Call) and outer.func is attr:
+            node = outer
+            continue
+        return node
+
+
+def _unconditional(tree: Tree, edits: Edits, statement: cst.BaseStatement) -> None:
+    """`if torch.cuda.device_count() > 1: model = DataParallel(model)`: the wrap must happen
+    on every run, CPU included, so the `if` goes and its body stays."""
+    block = tree.block(statement)
+    owner = tree.parent.get(block)
+    if not isinstance(owner, cst.If) or owner.orelse is not None:
+        return
+    if "device_count" not in tree.code(owner.test):
+        return
+
+    def hoist(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        body = list(members[0].body.body)  # type: ignore[attr-defined]
+        body[0] = body[0].with_changes(leading_lines=members[0].leading_lines)
+        return body
+
+    edits.group([owner], hoist)
+
+
+# -- the bare model ---------------------------------------------------------------------
+
+
+def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
+    optimizer = optimizer_calls(tree)
+    if not optimizer:
+        raise NotMigrated(Shape.UNKNOWN, "no torch.optim optimizer found; cannot tell the model")
+    target = _parameters_owner(tree, optimizer[0])
+    binding = _binding(tree, target, optimizer[0]) if target else None
+    if binding is None:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"cannot find where the model `{target}` is built in this file; wrap it in "
+            "DistributedDataParallel where it is built",
+        )
+    place = _last_preparation(tree, target, binding)  # type: ignore[arg-type]
+    inserted = []
+    if _wants_sync_bn(tree, plan):
+        inserted.append(_sync_bn(plan, target))  # type: ignore[arg-type]
+    wrap = snippets.statement(f"{target} = {_ddp_call(plan, target)}")  # type: ignore[arg-type]
+    inserted.append(wrap)
+    edits.after[place].extend(inserted)
+    plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
+    return [(target, place)]
+
+
+def _parameters_owner(tree: Tree, optimizer: cst.Call) -> str | None:
+    for inner in tree.within(optimizer, cst.Call):
+        if method_name(inner) in ("parameters", "named_parameters"):
+            return dotted(inner.func.value)  # type: ignore[union-attr]
+    return None
+
+
+def _binding(tree: Tree, target: str, near: cst.CSTNode) -> cst.BaseStatement | None:
+    candidates = []
+    for assign in tree.find(cst.Assign):
+        if any(dotted(t.target) == target for t in assign.targets):
+            candidates.append(tree.statement(assign))
+    if not candidates:
+        return None
+    same_scope = [s for s in candidates if tree.scope(s) is tree.scope(near)]
+    if target.startswith("self."):
+        cls = _class_of(tree, near)
+        same_scope = [s for s in candidates if cls is not None and tree.inside(s, cls)]
+    before = [s for s in same_scope if not tree.after(s, near)]
+    chosen = (before or same_scope or candidates)[-1]
+    return _climb_conditionals(tree, chosen)
+
+
+def _class_of(tree: Tree, node: cst.CSTNode) -> cst.ClassDef | None:
+    current = tree.parent.get(node)
+    while current is not None and not isinstance(current, cst.ClassDef):
+        current = tree.parent.get(current)
+    return current
+
+
+def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseStatement:
+    """A model built in `if arch == ...: ... else: ...` is wrapped after the whole `if`."""
+    while True:
+        owner = tree.parent.get(tree.block(statement))
+        while isinstance(owner, (cst.Else, cst.If)) and tree.statement(owner) is not owner:
+            owner = tree.parent.get(owner)
+        if isinstance(owner, (cst.If, cst.Try)) and tree.statement(owner) is owner:
+            statement = owner
+            continue
+        return statement
+
+
+def _last_preparation(tree: Tree, target: str, binding: cst.BaseStatement) -> cst.BaseStatement:
+    block = tree.block(binding)
+    body = list(block.body)
+    last = binding
+    for stmt in body[body.index(binding) + 1 :]:
+        if _prepares(tree, stmt, target):
+            last = stmt
+        elif _trains(tree, stmt, target):
+            break
+    return last
+
+
+def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
+    if isinstance(stmt, cst.If):
+        inner = list(stmt.body.body)
+        return bool(inner) and all(_prepares(tree, s, target) for s in inner)
+    if isinstance(stmt, cst.For):
+        return mentions(stmt.iter, target) and "backward" not in tree.code(stmt)
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign) and any(dotted(t.target) == target for t in small.targets):
+        return True
+    for call in tree.within(stmt, cst.Call):
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        if receiver is not None and dotted(receiver) == target and method_name(call) in PREPARES:
+            return True
+    return False
+
+
+def _trains(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
+    if isinstance(stmt, (cst.For, cst.While, cst.With, cst.Try)):
+        return mentions(stmt, target) or "backward" in tree.code(stmt)
+    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return):
+        return True
+    for call in tree.within(stmt, cst.Call):
+        if any(dotted(arg.value) == target for arg in call.args):
+            name = tree.qualify(call.func) or ""
+            if not name.startswith("torch.optim") and name != "torch.compile":
+                return True
+    return False
+
+
+# -- through .module --------------------------------------------------------------------
+
+
+def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None:
+    for name, statement in wrapped:
+        for attr in _uses_after(tree, name, statement):
+            if attr.attr.value in MODULE_API:
+                continue
+            edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
+            code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
+            plan.change(
+                NAME,
+                f"{name}.{attr.attr.value} -> {name}.module.{attr.attr.value}",
+                f".module.{attr.attr.value}",
+                code,
+            )
+            if plan.shape is Shape.DATA_PARALLEL and code == "DDP051":
+                plan.needs_human(
+                    "checkpoints now hold the model's own keys, without DataParallel's `module.` "
+                    "prefix; strip the prefix when loading old checkpoints",
+                    f".module.{attr.attr.value}",
+                )
+
+
+def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:
+    """`name.attr` nodes that run after `statement` wrapped `name`."""
+    if name.startswith("self."):
+        container = _class_of(tree, statement) or tree.module
+        helpers: set[str] = set()
+    else:
+        container = tree.scope(statement)
+        helpers = propagate(tree, {name}) & model_names(tree)
+    found = []
+    for attr in tree.find(cst.Attribute):
+        receiver = dotted(attr.value)
+        if receiver is None:
+            continue
+        later = tree.after(attr, statement) and not tree.inside(attr, statement)
+        if receiver == name and tree.inside(attr, container) and later:
+            if tree.scope(attr) is container or name.startswith("self."):
+                found.append(attr)
+        elif receiver in helpers and tree.function(attr) is not None:
+            func = tree.function(attr)
+            if receiver in [p.name.value for p in func.params.params]:  # type: ignore[union-attr]
+                found.append(attr)
+    return [a for a in found if not _is_call_target_of_wrapper(tree, a)]
+
+
+def _is_call_target_of_wrapper(tree: Tree, attr: cst.Attribute) -> bool:
+    """The `model` in `model.module.x` is seen as `model.module`: already through .module."""
+    return isinstance(attr.value, cst.Attribute) and attr.value.attr.value == "module"
