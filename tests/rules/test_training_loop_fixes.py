@@ -128,6 +128,7 @@ def test_from_import_is_rewritten_with_every_call_in_one_fix():
 
 
 def test_fixed_cpu_code_runs_without_deprecation_warnings():
+    torch = pytest.importorskip("torch")
     source = _dedent(
         """
         import torch
@@ -144,7 +145,7 @@ def test_fixed_cpu_code_runs_without_deprecation_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         exec(compile(fixed, "fixed.py", "exec"), namespace)
-    assert namespace["out"].dtype is __import__("torch").bfloat16
+    assert namespace["out"].dtype is torch.bfloat16
     assert namespace["scaler"].is_enabled() is False
 
 
@@ -289,3 +290,36 @@ def test_clip_outside_the_amp_branch_needs_unsafe_fixes():
 def test_unscale_fix_is_withheld_when_ambiguous(source):
     assert "DDP044" in codes(source, ["DDP044"])
     assert fix(source, ["DDP044"], unsafe=True) == source
+
+
+def test_fixed_loop_clips_the_true_gradient_norm():
+    """Run before and after the fix on CPU: only the fixed loop sees the unscaled norm."""
+    torch = pytest.importorskip("torch")
+    source = _dedent(
+        """
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        x = torch.randn(8, 4)
+        scaler.scale(model(x).pow(2).mean()).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+        scaler.step(optimizer)
+        scaler.update()
+        """
+    )
+
+    def clipped_norm(code: str) -> float:
+        namespace: dict = {}
+        exec(compile(code, "loop.py", "exec"), namespace)
+        return float(namespace["norm"])
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    true_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+
+    assert clipped_norm(source) == pytest.approx(1024.0 * true_norm, rel=1e-5)
+    assert clipped_norm(_fixed_cleanly(source, "DDP044")) == pytest.approx(true_norm, rel=1e-5)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import libcst as cst
+
+from ddpify.walk import children
 
 if TYPE_CHECKING:
     from ddpify.engine import Context
@@ -23,13 +25,22 @@ DISTRIBUTED_CALLS = (
 LAUNCHER_ENV = {"LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
 
 
-class _LauncherEnvFinder(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.found = False
+def parents_and_children(root: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
+    """Every (parent, child) pair below `root`, parents before their children.
 
-    def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        if node.evaluated_value in LAUNCHER_ENV:
-            self.found = True
+    Uses the engine's read-only walk order: no formatting nodes, no libcst rebuild.
+    """
+    stack = [root]
+    while stack:
+        parent = stack.pop()
+        below = list(children(parent))
+        for child in below:
+            yield parent, child
+        stack.extend(reversed(below))
+
+
+def descendants(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    return (child for _, child in parents_and_children(root))
 
 
 def is_distributed(context: Context) -> bool:
@@ -40,9 +51,10 @@ def is_distributed(context: Context) -> bool:
     """
     if context.model.calls_any(*DISTRIBUTED_CALLS):
         return True
-    finder = _LauncherEnvFinder()
-    context.module.visit(finder)
-    return finder.found
+    return any(
+        isinstance(node, cst.SimpleString) and node.evaluated_value in LAUNCHER_ENV
+        for node in descendants(context.module)
+    )
 
 
 def block_indent(ancestors: Sequence[cst.CSTNode], default_indent: str) -> str:

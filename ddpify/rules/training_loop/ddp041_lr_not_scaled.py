@@ -14,7 +14,7 @@ import libcst as cst
 from ddpify.analysis.names import dotted, find_arg
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
-from ddpify.rules.training_loop._common import is_distributed
+from ddpify.rules.training_loop._common import descendants, is_distributed
 
 _LR_NAME = re.compile(r"^(base_|init_|initial_|max_|peak_|default_)?(lr|learning_rate)$", re.I)
 _LR_WORD = re.compile(r"(^|_)lr($|_)|learning_?rate", re.I)
@@ -25,13 +25,17 @@ _WORLD_WORD = re.compile(
 )
 _BATCH_WORD = re.compile(r"batch|(^|_)bs($|_)", re.I)
 _NOT_OPTIMIZERS = {"Optimizer", "LBFGS"}  # the base class; LBFGS is tuned per problem
+_NOT_OPTIMIZER_MODULES = {"lr_scheduler", "swa_utils"}
 
 
 def _is_optimizer(name: str | None) -> bool:
+    """`torch.optim.SGD`, `torch.optim.adamw.AdamW`; not schedulers or SWA helpers."""
     if name is None or not name.startswith("torch.optim."):
         return False
     parts = name.split(".")
-    return len(parts) <= 4 and parts[-1][:1].isupper() and parts[-1] not in _NOT_OPTIMIZERS
+    if len(parts) > 4 or set(parts) & _NOT_OPTIMIZER_MODULES:
+        return False
+    return parts[-1][:1].isupper() and parts[-1] not in _NOT_OPTIMIZERS
 
 
 def _literal_key(node: cst.Subscript) -> str | None:
@@ -55,18 +59,14 @@ def looks_unscaled(expr: cst.BaseExpression) -> bool:
 
 def _words(node: cst.CSTNode) -> list[str]:
     """Identifiers and string literals in `node` (`os.environ["WORLD_SIZE"]` counts)."""
-    found: list[str] = []
-
-    class _Collect(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            found.append(n.value)
-
-        def visit_SimpleString(self, n: cst.SimpleString) -> None:
-            value = n.evaluated_value
+    found = []
+    for child in (node, *descendants(node)):
+        if isinstance(child, cst.Name):
+            found.append(child.value)
+        elif isinstance(child, cst.SimpleString):
+            value = child.evaluated_value
             if isinstance(value, str):
                 found.append(value)
-
-    node.visit(_Collect())
     return found
 
 
@@ -74,47 +74,45 @@ def _mentions(words: list[str], pattern: re.Pattern[str]) -> bool:
     return any(pattern.search(word) for word in words)
 
 
-class _ScalingFinder(cst.CSTVisitor):
-    """Anything that adapts the LR or the batch to the number of processes."""
+def _scales_lr_or_batch(node: cst.BinaryOperation) -> bool:
+    """`args.lr * world_size`, `base_lr * total_batch / 256`, `batch_size // world_size`."""
+    if not isinstance(node.operator, (cst.Multiply, cst.Divide, cst.FloorDivide)):
+        return False
+    words = _words(node)
+    by_world_or_batch = _mentions(words, _WORLD_WORD) or _mentions(words, _BATCH_WORD)
+    if _mentions(words, _LR_WORD) and by_world_or_batch:
+        return True
+    # Dividing (the batch) by the world size keeps the global batch of one GPU.
+    divides = isinstance(node.operator, (cst.Divide, cst.FloorDivide))
+    return divides and _mentions(_words(node.right), _WORLD_WORD)
 
-    def __init__(self) -> None:
-        self.found = False
 
-    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> bool:
-        if not isinstance(node.operator, (cst.Multiply, cst.Divide, cst.FloorDivide)):
-            return True
-        words = _words(node)
-        scaled_by = _mentions(words, _WORLD_WORD) or _mentions(words, _BATCH_WORD)
-        if _mentions(words, _LR_WORD) and scaled_by:
-            self.found = True  # `args.lr * world_size`, `base_lr * total_batch / 256`
-        divides = isinstance(node.operator, (cst.Divide, cst.FloorDivide))
-        if divides and _mentions(_words(node.right), _WORLD_WORD):
-            self.found = True  # `batch_size // world_size`: the global batch is unchanged
-        return not self.found
+def _scaled_assignment(targets: list[str], value: cst.BaseExpression, direct: bool = False) -> bool:
+    """`lr = 0.1 * world_size`, `args.lr *= dist.get_world_size()`."""
+    if not _mentions(targets, _LR_WORD):
+        return False
+    if not (direct or isinstance(value, cst.BinaryOperation)):
+        return False
+    words = _words(value)
+    return _mentions(words, _WORLD_WORD) or _mentions(words, _BATCH_WORD)
 
-    def visit_Assign(self, node: cst.Assign) -> None:
-        targets = [w for target in node.targets for w in _words(target.target)]
-        self._scaled_assignment(targets, node.value)
 
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.operator, (cst.MultiplyAssign, cst.DivideAssign, cst.FloorDivideAssign)):
-            self._scaled_assignment(_words(node.target), node.value, direct=True)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        words = [w for arg in node.args for w in _words(arg.value)]
-        if _mentions(words, _LR_WORD) and _mentions(words, _WORLD_WORD):
-            self.found = True  # `scale_lr(args.lr, world_size)`
-
-    def _scaled_assignment(
-        self, targets: list[str], value: cst.BaseExpression, direct: bool = False
-    ) -> None:
-        """`lr = 0.1 * world_size`, `args.lr *= dist.get_world_size()`."""
-        if not _mentions(targets, _LR_WORD):
-            return
-        arithmetic = direct or isinstance(value, cst.BinaryOperation)
-        words = _words(value)
-        if arithmetic and (_mentions(words, _WORLD_WORD) or _mentions(words, _BATCH_WORD)):
-            self.found = True
+def _adapts_to_world(node: cst.CSTNode) -> bool:
+    """Whether `node` adapts the LR or the batch to the number of processes."""
+    if isinstance(node, cst.BinaryOperation):
+        return _scales_lr_or_batch(node)
+    if isinstance(node, cst.Assign):
+        targets = [word for target in node.targets for word in _words(target.target)]
+        return _scaled_assignment(targets, node.value)
+    if isinstance(node, cst.AugAssign):
+        scaling = (cst.MultiplyAssign, cst.DivideAssign, cst.FloorDivideAssign)
+        return isinstance(node.operator, scaling) and _scaled_assignment(
+            _words(node.target), node.value, direct=True
+        )
+    if isinstance(node, cst.Call):  # `scale_lr(args.lr, world_size)`
+        words = [word for arg in node.args for word in _words(arg.value)]
+        return _mentions(words, _LR_WORD) and _mentions(words, _WORLD_WORD)
+    return False
 
 
 class LrNotScaled(Rule):
@@ -126,16 +124,16 @@ class LrNotScaled(Rule):
     MESSAGE = "the learning rate is the single-GPU value although the global batch is N× larger"
     DEFAULT_ENABLED = False
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self.candidates: list[tuple[cst.Call, cst.BaseExpression]] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if not _is_optimizer(self.context.qualify(node.func)):
-            return
-        lr = find_arg(node, "lr", 1)
-        if lr is not None and not lr.star and self._unscaled(lr.value):
-            self.candidates.append((node, lr.value))
+    def _candidates(self) -> list[tuple[cst.Call, cst.BaseExpression]]:
+        found = []
+        for name, calls in self.context.model.calls.items():
+            if not _is_optimizer(name):
+                continue
+            for call in calls:
+                lr = find_arg(call, "lr", 1)
+                if lr is not None and not lr.star and self._unscaled(lr.value):
+                    found.append((call, lr.value))
+        return found
 
     def _unscaled(self, expr: cst.BaseExpression) -> bool:
         if not looks_unscaled(expr):
@@ -145,15 +143,14 @@ class LrNotScaled(Rule):
         return all(looks_unscaled(value) for value in bound)
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.candidates or self.context.model.framework is not None:
+        if self.context.model.framework is not None:
             return
-        if not is_distributed(self.context):
+        candidates = self._candidates()
+        if not candidates or not is_distributed(self.context):
             return
-        finder = _ScalingFinder()
-        node.visit(finder)
-        if finder.found:
+        if any(_adapts_to_world(child) for child in descendants(node)):
             return
-        for call, lr in self.candidates:
+        for call, lr in candidates:
             self.report(lr, _message(dotted(call.func) or "the optimizer", self.context.code(lr)))
 
 

@@ -10,6 +10,7 @@ import libcst as cst
 from ddpify.analysis.names import dotted, identifiers
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix, Rule
+from ddpify.rules.training_loop._common import parents_and_children
 
 LEGACY_MODULES = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu"}
 MODERN = ("autocast", "GradScaler")
@@ -162,7 +163,11 @@ class AmpLegacyApi(Rule):
         self.groups.append(ImportGroup(node, device, names))
 
     def visit_Call(self, node: cst.Call) -> None:
-        legacy = self.context.qualify(node.func)
+        func = node.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else None
+        if last not in MODERN and not isinstance(func, cst.Name):
+            return  # cheap filter: most calls are neither, and qualifying costs
+        legacy = self.context.qualify(func)
         if legacy not in LEGACY_CALLS or in_compat_shim(self.context.ancestors):
             return
         head = dotted(node.func).split(".")[0]  # type: ignore[union-attr]
@@ -242,8 +247,7 @@ class AmpLegacyApi(Rule):
         if not self.groups:
             return {}
         names = {local for group in self.groups for local in group.locals}
-        references = _References(names)
-        self.context.module.visit(references)
+        references = _References(self.context.module, names)
         fixes = {}
         for group in self.groups:
             fix = self._group_fix(group, references)
@@ -281,28 +285,19 @@ def _call_message(written: str, legacy: str, name: str, device: str) -> str:
     return f'{subject} is deprecated; use `torch.amp.{name}("{device}", ...)` instead'
 
 
-class _References(cst.CSTVisitor):
+class _References:
     """How the module uses some names: as callees, import bindings, or otherwise."""
 
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, module: cst.Module, names: set[str]) -> None:
         self.names = names
-        self.parents: list[cst.CSTNode] = []
         self.calls: dict[str, list[cst.Name]] = defaultdict(list)
         self.bindings: Counter[str] = Counter()
         self.other: set[str] = set()
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.Name) and node.value in self.names and self.parents:
-            self._classify(node, self.parents[-1])
-        elif isinstance(node, (cst.Import, cst.ImportFrom)):
-            for local in _bound_names(node):
-                if local in self.names:
-                    self.bindings[local] += 1
-        self.parents.append(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.parents.pop()
+        for parent, child in parents_and_children(module):
+            if isinstance(child, cst.Name) and child.value in names:
+                self._classify(child, parent)
+            elif isinstance(child, (cst.Import, cst.ImportFrom)):
+                self.bindings.update(local for local in _bound_names(child) if local in names)
 
     def _classify(self, name: cst.Name, parent: cst.CSTNode) -> None:
         if isinstance(parent, (cst.ImportAlias, cst.AsName)):

@@ -27,7 +27,6 @@ GRAD_SCALERS = (
     "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
 )
 _LOOPS = (cst.For, cst.While)
-_UNITS = (cst.FunctionDef, cst.Module)
 
 
 class Kind(enum.Enum):
@@ -87,43 +86,54 @@ class ClipWithoutUnscale(Rule):
         super().__init__(context)
         # Events per function body (or the module), in source order.
         self.events: dict[int, list[Event]] = defaultdict(list)
-        # Dotted names passed as arguments: a helper given the scaler may unscale it.
-        self.passed: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        # Other calls with the number of events before them: a helper handed the scaler
+        # between the backward and the clip may unscale it.
+        self.others: dict[int, list[tuple[cst.Call, int]]] = defaultdict(list)
+        self.units: list[int] = [id(context.module)]
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.units.append(id(node))
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.units.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
+        unit = self.units[-1]
         event = self._classify(node)
-        unit = self._unit()
-        if event is not None:
-            kind, scaler = event
-            self.events[unit].append(Event(kind, scaler, node, tuple(self.context.ancestors)))
+        if event is None:
+            if node.args:
+                self.others[unit].append((node, len(self.events[unit])))
             return
-        for arg in node.args:
-            name = dotted(arg.value)
-            if name is not None:
-                self.passed[unit].append((name, len(self.events[unit])))
-
-    def _unit(self) -> int:
-        return id(self.context.enclosing(*_UNITS) or self.context.module)
+        kind, scaler = event
+        self.events[unit].append(Event(kind, scaler, node, tuple(self.context.ancestors)))
 
     def _classify(self, call: cst.Call) -> tuple[Kind, str | None] | None:
-        receiver = _scaled_backward_receiver(call)
-        if receiver is not None:
-            return Kind.BACKWARD, receiver
-        if self.context.qualify(call.func) in CLIP_FUNCTIONS:
-            return Kind.CLIP, None
-        method = method_name(call)
-        if method == "unscale_":
-            return Kind.UNSCALE, dotted(call.func.value)  # type: ignore[attr-defined]
-        if method == "step":
-            return Kind.STEP, dotted(call.func.value)  # type: ignore[attr-defined]
-        name = dotted(call.func)
-        if name is not None and "unscale" in name.rsplit(".", 1)[-1].lower():
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            last = func.attr.value
+        elif isinstance(func, cst.Name):
+            last = func.value
+        else:
+            return None
+        if last == "backward":
+            receiver = _scaled_backward_receiver(call)
+            return (Kind.BACKWARD, receiver) if receiver is not None else None
+        if last.startswith("clip_grad"):
+            return (Kind.CLIP, None) if self.context.qualify(func) in CLIP_FUNCTIONS else None
+        if isinstance(func, cst.Attribute) and last in ("unscale_", "step"):
+            kind = Kind.UNSCALE if last == "unscale_" else Kind.STEP
+            return kind, dotted(func.value)
+        if "unscale" in last.lower():
             return Kind.UNSCALE, None
         return None
 
     def leave_Module(self, node: cst.Module) -> None:
+        clipping = [unit for unit, events in self.events.items() if _has_clip(events)]
+        if not clipping:
+            return
         bound = self.context.model.names_bound_to(*GRAD_SCALERS)
-        for unit, events in self.events.items():
+        for unit in clipping:
+            events = self.events[unit]
             scalers = {
                 e.scaler
                 for e in events
@@ -131,10 +141,10 @@ class ClipWithoutUnscale(Rule):
             }
             for index, event in enumerate(events):
                 if event.kind is Kind.CLIP:
-                    self._check_clip(events, index, scalers, self.passed[unit])
+                    self._check_clip(events, index, scalers, self.others[unit])
 
     def _check_clip(
-        self, events: list[Event], index: int, scalers: set[str], passed: list[tuple[str, int]]
+        self, events: list[Event], index: int, scalers: set[str], others: list[tuple[cst.Call, int]]
     ) -> None:
         clip = events[index]
         for scaler in sorted(scalers):
@@ -143,8 +153,8 @@ class ClipWithoutUnscale(Rule):
                 continue
             if _exclusive(events[backward].ancestors, clip.ancestors):
                 continue
-            if any(name == scaler and backward < position <= index for name, position in passed):
-                continue  # handed to a helper after the backward: it may unscale
+            if _handed_over(scaler, others, backward, index):
+                continue  # a helper given the scaler after the backward may unscale
             step = _neighbour(events, range(index + 1, len(events)), scaler)
             if step is None or events[step].kind is not Kind.STEP:
                 continue
@@ -178,6 +188,20 @@ class ClipWithoutUnscale(Rule):
         safe = guarded <= _branches(clip.ancestors)
         applicability = Applicability.SAFE if safe else Applicability.UNSAFE
         return NodeFix(f"Insert `{target}` before clipping", (replacement,), applicability)
+
+
+def _has_clip(events: list[Event]) -> bool:
+    return any(event.kind is Kind.CLIP for event in events)
+
+
+def _handed_over(scaler: str, others: list[tuple[cst.Call, int]], backward: int, clip: int) -> bool:
+    """Whether a call between event `backward` and event `clip` gets `scaler` as argument."""
+    return any(
+        dotted(arg.value) == scaler
+        for call, position in others
+        if backward < position <= clip
+        for arg in call.args
+    )
 
 
 def _neighbour(events: list[Event], indices: range, scaler: str) -> int | None:
