@@ -180,9 +180,26 @@ class DdpifyServer(LanguageServer):
             )
         return actions
 
+    def client_resolves_edits(self) -> bool:
+        try:
+            support = self.client_capabilities.text_document.code_action.resolve_support
+        except AttributeError:
+            return False
+        return support is not None and "edit" in support.properties
+
     def fix_all(self, uri: str, linted: Linted) -> lsp.CodeAction | None:
+        """The fix-all action; its edit is computed now, or on codeAction/resolve when the
+        client can ask for it later (the fix loop lints several times: keep the light
+        bulb fast)."""
         if not any(d.fix and d.fix.applicability is Applicability.SAFE for d in linted.diagnostics):
             return None
+        if self.client_resolves_edits():
+            return lsp.CodeAction(
+                title="Fix all safe ddpify findings", kind=FIX_ALL_KIND, data={"uri": uri}
+            )
+        return self.resolve_fix_all(uri, linted)
+
+    def resolve_fix_all(self, uri: str, linted: Linted) -> lsp.CodeAction | None:
         _, path = self.document_text(uri)
         rules = linted.config.rules()
 
@@ -243,6 +260,7 @@ def create_server() -> DdpifyServer:
         lsp.TEXT_DOCUMENT_CODE_ACTION,
         lsp.CodeActionOptions(
             code_action_kinds=[lsp.CodeActionKind.QuickFix, FIX_ALL_KIND],
+            resolve_provider=True,
         ),
     )
     def code_action(ls: DdpifyServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
@@ -257,6 +275,14 @@ def create_server() -> DdpifyServer:
             if fix_all is not None:
                 actions.append(fix_all)
         return actions
+
+    @server.feature(lsp.CODE_ACTION_RESOLVE)
+    def code_action_resolve(ls: DdpifyServer, action: lsp.CodeAction) -> lsp.CodeAction:
+        uri = action.data.get("uri") if isinstance(action.data, dict) else None
+        if action.kind != FIX_ALL_KIND or uri is None:
+            return action
+        resolved = ls.resolve_fix_all(uri, ls.current(uri))
+        return resolved if resolved is not None else action
 
     @server.feature(lsp.TEXT_DOCUMENT_HOVER)
     def hover(ls: DdpifyServer, params: lsp.HoverParams) -> lsp.Hover | None:

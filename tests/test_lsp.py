@@ -122,8 +122,13 @@ class LspClient:
                 self.proc.wait()
 
 
-def start_server(root: Path) -> LspClient:
+def start_server(root: Path, resolve_edits: bool = True) -> LspClient:
     client = LspClient([sys.executable, "-m", "ddpify", "lsp"], cwd=root)
+    code_action: dict = {
+        "codeActionLiteralSupport": {"codeActionKind": {"valueSet": ["quickfix", "source.fixAll"]}}
+    }
+    if resolve_edits:
+        code_action["resolveSupport"] = {"properties": ["edit"]}
     client.request(
         "initialize",
         {
@@ -134,11 +139,7 @@ def start_server(root: Path) -> LspClient:
                 "textDocument": {
                     "publishDiagnostics": {},
                     "hover": {"contentFormat": ["markdown", "plaintext"]},
-                    "codeAction": {
-                        "codeActionLiteralSupport": {
-                            "codeActionKind": {"valueSet": ["quickfix", "source.fixAll"]}
-                        }
-                    },
+                    "codeAction": code_action,
                 },
             },
         },
@@ -269,6 +270,8 @@ def test_code_action_fixes_and_the_diagnostic_goes(session):
         },
     )
     assert fix_all["kind"] == "source.fixAll.ddpify"
+    assert "edit" not in fix_all  # computed when the user picks it
+    fix_all = client.request("codeAction/resolve", fix_all)
     text = apply_edits(text, fix_all["edit"]["changes"][uri])
     compile(text, "train.py", "exec")
     assert "torch.cuda.amp" not in text and "# mixed precision" in text
@@ -283,6 +286,29 @@ def test_code_action_fixes_and_the_diagnostic_goes(session):
     client.notify("textDocument/didSave", {"textDocument": {"uri": uri}})
     saved = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] == uri)
     assert [d["code"] for d in saved["diagnostics"]] == ["DDP070"]
+
+
+@pytest.mark.skipif("DDP043" not in RULES_BY_CODE, reason="the fixable rule DDP043 is absent")
+def test_fix_all_comes_with_its_edit_for_clients_that_cannot_resolve(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    client = start_server(tmp_path, resolve_edits=False)
+    uri = path.as_uri()
+    client.notify(
+        "textDocument/didOpen",
+        {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": SCRIPT}},
+    )
+    [fix_all] = client.request(
+        "textDocument/codeAction",
+        {
+            "textDocument": {"uri": uri},
+            "range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}},
+            "context": {"diagnostics": [], "only": ["source.fixAll"]},
+        },
+    )
+    fixed = apply_edits(SCRIPT, fix_all["edit"]["changes"][uri])
+    assert "torch.cuda.amp" not in fixed and "# mixed precision" in fixed
+    assert client.close() == 0
 
 
 def test_missing_pygls_is_a_clear_error(tmp_path):

@@ -1,0 +1,140 @@
+"""Latency of an LSP diagnostic round trip on a 500-line training script.
+
+    python benchmarks/bench_lsp.py [--lines 500] [--edits 30]
+
+Starts `python -m ddpify lsp` over stdio, opens a synthetic training script written for
+this benchmark, then sends full-text didChange edits and times each until the matching
+publishDiagnostics arrives; also times a codeAction request. Prints a table; asserts
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.test_lsp import start_server  # noqa: E402
+
+HEADER = """\
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+"""
+
+BLOCK = """\
+def train_epoch_{i}(model, loader, optimizer, scaler, epoch):
+    # one epoch of block {i}
+    model.train()
+    loader.sampler.set_epoch(epoch)
+    total = 0.0
+    for step, (x, y) in enumerate(loader):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.amp.autocast():
+            loss = nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        total += loss.item()
+    if dist.get_rank() == 0:
+        print(f"epoch {{epoch}} block {i}: {{total:.3f}}")
+    return total
+
+
+"""
+
+
+def synthetic_script(lines: int) -> str:
+    text, i = HEADER, 0
+    while text.count("\n") < lines:
+        text += BLOCK.format(i=i)
+        i += 1
+    return "".join(text.splitlines(keepends=True)[:lines])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=500)
+    parser.add_argument("--edits", type=int, default=30)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        path = root / "train.py"
+        text = synthetic_script(args.lines)
+        path.write_text(text)
+        uri = path.as_uri()
+        started = time.perf_counter()
+        client = start_server(root)
+        startup = time.perf_counter() - started
+
+        def round_trip(send) -> tuple[float, dict]:
+            start = time.perf_counter()
+            send()
+            params = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] == uri)
+            return time.perf_counter() - start, params
+
+        doc = {"uri": uri, "languageId": "python", "version": 1, "text": text}
+        first, params = round_trip(
+            lambda: client.notify("textDocument/didOpen", {"textDocument": doc})
+        )
+        changes = []
+        for version in range(2, args.edits + 2):
+            edited = text + f"# edit {version}\n"
+            change = {
+                "textDocument": {"uri": uri, "version": version},
+                "contentChanges": [{"text": edited}],
+            }
+            seconds, _ = round_trip(lambda c=change: client.notify("textDocument/didChange", c))
+            changes.append(seconds)
+        actions, resolves = [], []
+        for _ in range(10):
+            start = time.perf_counter()
+            listed = client.request(
+                "textDocument/codeAction",
+                {
+                    "textDocument": {"uri": uri},
+                    "range": {
+                        "start": {"line": 16, "character": 0},
+                        "end": {"line": 16, "character": 40},
+                    },
+                    "context": {"diagnostics": []},
+                },
+            )
+            actions.append(time.perf_counter() - start)
+        fix_all = next(a for a in listed if a["kind"].startswith("source.fixAll"))
+        for _ in range(3):
+            start = time.perf_counter()
+            client.request("codeAction/resolve", fix_all)
+            resolves.append(time.perf_counter() - start)
+        client.close()
+
+    ms = lambda s: f"{s * 1000:8.1f}"  # noqa: E731
+    print(f"script: {args.lines} lines, {len(params['diagnostics'])} diagnostics published")
+    print(f"{'what':<44}{'ms':>8}")
+    print(f"{'server start + initialize':<44}{ms(startup)}")
+    print(f"{'didOpen -> publishDiagnostics (first)':<44}{ms(first)}")
+    print(f"{'didChange -> publishDiagnostics, median':<44}{ms(statistics.median(changes))}")
+    print(
+        f"{'didChange -> publishDiagnostics, p90':<44}"
+        f"{ms(sorted(changes)[int(0.9 * (len(changes) - 1))])}"
+    )
+    print(f"{'didChange -> publishDiagnostics, best':<44}{ms(min(changes))}")
+    print(f"{'codeAction request, median':<44}{ms(statistics.median(actions))}")
+    print(f"{'codeAction/resolve of fix-all, median':<44}{ms(statistics.median(resolves))}")
+
+
+if __name__ == "__main__":
+    main()
