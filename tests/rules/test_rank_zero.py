@@ -362,3 +362,16 @@ def test_guarded_collective_is_an_error():
         dist.all_reduce(torch.ones(1))
     """
     assert findings(source, "DDP053") == [(3, Severity.ERROR)]
+
+
+def test_rank_zero_forward_of_the_wrapper_is_a_warning():
+    """It hangs only when the model has buffers to broadcast, which the linter cannot see."""
+    source = """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.BatchNorm1d(2))
+    if dist.get_rank() == 0:
+        model(torch.ones(2, 2))
+        model.module(torch.ones(2, 2))
+    """
+    assert findings(source, "DDP053") == [(6, Severity.WARNING)]

@@ -29,6 +29,7 @@ from ddpify.analysis.guards import (
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
 from ddpify.rules.base import Rule
+from ddpify.walk import children
 
 if TYPE_CHECKING:
     from ddpify.engine import Context
@@ -89,7 +90,7 @@ def _names(node: cst.CSTNode) -> Iterator[str]:
         current = stack.pop()
         if isinstance(current, cst.Name):
             yield current.value
-        stack.extend(current.children)
+        stack.extend(children(current))
 
 
 def keyword_arg(call: cst.Call, *keywords: str) -> cst.Arg | None:
@@ -104,9 +105,11 @@ def positional_arg(call: cst.Call, index: int) -> cst.Arg | None:
     return positional[index] if index < len(positional) else None
 
 
-def last_name(expr: cst.BaseExpression) -> str | None:
-    name = dotted(expr)
-    return name.rsplit(".", 1)[-1] if name else None
+def last_name(expr: cst.BaseExpression) -> str:
+    """`save` for `torch.save`, `self.save` or `save`; "" for any other callee."""
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    return expr.value if isinstance(expr, cst.Name) else ""
 
 
 def innermost(ancestors: Sequence[cst.CSTNode], *types: type) -> cst.CSTNode | None:
@@ -265,8 +268,15 @@ class Binding:
     seq: int
     value: cst.BaseExpression
     ancestors: Ancestors
-    conditions: frozenset[int]  # ids of the `if`s (in its scope) it depends on
     item: bool = False  # `target[key] = value`: adds to the object, does not rebind
+
+    def conditions(self) -> frozenset[int]:
+        """The `if`s the binding depends on (not `__main__`, which every run takes)."""
+        return frozenset(
+            id(parent)
+            for parent in self.ancestors
+            if isinstance(parent, (cst.If, cst.IfExp)) and not _is_main_check(parent.test)
+        )
 
 
 @dataclass
@@ -278,7 +288,10 @@ class RankZeroFacts:
     bindings: dict[tuple[int, str], list[Binding]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # Every name ever assigned a DDP wrapper: a cheap filter before `wrapper_binding`.
+    wrapper_names: set[str] = field(default_factory=set)
     distributed_strings: bool = False
+    callee: str | None = None  # the qualified name of the call visited last
     _seen: dict[str, cst.CSTNode] = field(default_factory=dict)
     _resolved: dict[tuple[str, bool, bool], Resolution] = field(default_factory=dict)
 
@@ -297,7 +310,7 @@ class RankZeroFacts:
         if not self.first_visit(call):
             return
         ancestors = tuple(self.context.ancestors)
-        qualified = self.context.qualify(call.func)
+        qualified = self.callee = self.context.qualify(call.func)
         if qualified is None:
             if isinstance(call.func, cst.Name):
                 self.sites[call.func.value].append(Site(ancestors))
@@ -339,8 +352,9 @@ class RankZeroFacts:
         name = dotted(target)
         if name is not None:
             key = (id(binding_scope(name, ancestors)), name)
-            conditions = _conditions(ancestors)
-            self.bindings[key].append(Binding(self.seq, value, ancestors, conditions, item))
+            self.bindings[key].append(Binding(self.seq, value, ancestors, item))
+            if not item and self.wraps_ddp(value):
+                self.wrapper_names.add(name)
         elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
             for t, v in zip(target.elements, value.elements):
                 self._bind(t.value, v.value, ancestors)
@@ -444,7 +458,7 @@ class RankZeroFacts:
     def wrapper_binding(self, expr: cst.BaseExpression, ancestors, seq) -> Binding | None:
         """The DDP assignment `expr` (a name or `self.attr`) holds at that point, if any."""
         name = dotted(expr)
-        if name is None:
+        if name not in self.wrapper_names:
             return None
         binding = self.binding_of(name, ancestors, seq)
         if binding is None or not self.wraps_ddp(binding.value):
@@ -482,19 +496,10 @@ def _is_parameter(function: cst.CSTNode, name: str) -> bool:
     return any(p.name.value == name for p in every)
 
 
-def _conditions(ancestors: Sequence[cst.CSTNode]) -> frozenset[int]:
-    """The `if`s a binding depends on (not `__main__`, which every run takes)."""
-    return frozenset(
-        id(parent)
-        for parent in ancestors
-        if isinstance(parent, (cst.If, cst.IfExp)) and not _is_main_check(parent.test)
-    )
-
-
 def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> bool:
     """Whether every path reaching `ancestors`' node went through `binding`."""
     shared = {id(a) for a in ancestors}
-    return binding.conditions <= shared and not isinstance(binding.value, cst.IfExp)
+    return binding.conditions() <= shared and not isinstance(binding.value, cst.IfExp)
 
 
 def _weakest(results: Iterable[Resolution], helper: str) -> Resolution:
@@ -518,7 +523,7 @@ class RankZeroRule(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         self.facts.record_call(node)
-        self.on_call(node)
+        self.on_call(node, self.facts.callee)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         self.facts.record_assign(node)
@@ -529,8 +534,8 @@ class RankZeroRule(Rule):
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         self.facts.record_string(node)
 
-    def on_call(self, node: cst.Call) -> None:
-        """A call, after the facts recorded it."""
+    def on_call(self, node: cst.Call, qualified: str | None) -> None:
+        """A call, after the facts recorded it; `qualified` is its callee through imports."""
 
     def snapshot(self) -> Ancestors:
         return tuple(self.context.ancestors)

@@ -48,8 +48,8 @@ class UnguardedSave(RankZeroRule):
         super().__init__(context)
         self.saves: list[_Save] = []
 
-    def on_call(self, node: cst.Call) -> None:
-        callee = self._save_callee(node)
+    def on_call(self, node: cst.Call, qualified: str | None) -> None:
+        callee = self._save_callee(node, qualified)
         if callee is None:
             return
         path = self._path(node, callee)
@@ -57,8 +57,8 @@ class UnguardedSave(RankZeroRule):
             return  # one file per rank, or a buffer
         self.saves.append(_Save(node, callee, self.snapshot()))
 
-    def _save_callee(self, node: cst.Call) -> str | None:
-        qualified = self.context.qualify(node.func)
+    @staticmethod
+    def _save_callee(node: cst.Call, qualified: str | None) -> str | None:
         if qualified in SAVE_CALLS:
             return qualified
         if (

@@ -45,11 +45,10 @@ class SavesWrapper(RankZeroRule):
         super().__init__(context)
         self.saves: list[_Save] = []
 
-    def on_call(self, node: cst.Call) -> None:
-        qualified = self.context.qualify(node.func)
+    def on_call(self, node: cst.Call, qualified: str | None) -> None:
         if qualified in TORCH_SAVES:
             whole = qualified == "torch.save"
-        elif qualified is None and "save" in (last_name(node.func) or "").lower():
+        elif qualified is None and "save" in last_name(node.func).lower():
             whole = False  # `save_checkpoint(model, ...)` may unwrap it itself
         else:
             return

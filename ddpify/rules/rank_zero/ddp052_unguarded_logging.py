@@ -12,6 +12,7 @@ from ddpify.rules.rank_zero._common import (
     RankZeroRule,
     direct_scope,
     keyword_arg,
+    last_name,
     mentions_rank,
     non_zero_guarded,
     statement_of,
@@ -88,8 +89,7 @@ class UnguardedLogging(RankZeroRule):
         self.per_rank_print = False  # `print` replaced or stdout redirected off rank 0
         self.per_rank_wandb = False  # `wandb.init(mode="disabled" if rank ...)`
 
-    def on_call(self, node: cst.Call) -> None:
-        qualified = self.context.qualify(node.func)
+    def on_call(self, node: cst.Call, qualified: str | None) -> None:
         self._note_configuration(node, qualified)
         kind = self._kind(node, qualified)
         if kind is None or self._deliberately_per_rank(node, kind):
@@ -106,8 +106,7 @@ class UnguardedLogging(RankZeroRule):
                 self.per_rank_print = True
 
     def _note_configuration(self, node: cst.Call, qualified: str | None) -> None:
-        name = dotted(node.func) or ""
-        method = name.rsplit(".", 1)[-1]
+        method = last_name(node.func)
         if method in PRINT_SILENCERS:
             self.per_rank_print = True
         configures = qualified in LOG_CONFIG or method in {"setLevel", "remove", "disable"}
@@ -166,7 +165,10 @@ class UnguardedLogging(RankZeroRule):
         if not self.outputs or self.delegates_to_framework() or not self.facts.is_distributed():
             return
         statements: set[int] = set()
+        loggers = self.context.model.names_bound_to("logging.getLogger")
         for output in self.outputs:
+            if output.kind == LOGGER and not self._is_logger(output.call, loggers):
+                continue
             if self._configured_per_rank(output):
                 continue
             resolution = self.facts.resolve(output.ancestors)
@@ -179,6 +181,14 @@ class UnguardedLogging(RankZeroRule):
                 continue
             statements.add(statement)
             self._report(output, resolution.scope)
+
+    def _is_logger(self, call: cst.Call, loggers: set[str]) -> bool:
+        receiver = call.func.value  # type: ignore[attr-defined]
+        return (
+            isinstance(receiver, cst.Call)
+            or self.context.qualify(call.func) is not None
+            or (dotted(receiver) in loggers)
+        )
 
     def _configured_per_rank(self, output: _Output) -> bool:
         if output.kind == PRINT:

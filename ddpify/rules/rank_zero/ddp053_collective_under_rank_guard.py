@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis.names import dotted
+from ddpify.analysis.model import unwrap_call_chain
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     DIST,
@@ -63,11 +63,10 @@ class CollectiveUnderRankGuard(RankZeroRule):
         super().__init__(context)
         self.collectives: list[_Collective] = []
 
-    def on_call(self, node: cst.Call) -> None:
-        qualified = self.context.qualify(node.func)
+    def on_call(self, node: cst.Call, qualified: str | None) -> None:
         if qualified in COLLECTIVES:
             self.collectives.append(_Collective(node, qualified, self.snapshot(), self.facts.seq))
-        elif qualified is None and dotted(node.func) is not None:
+        elif qualified is None and isinstance(node.func, (cst.Name, cst.Attribute)):
             self.collectives.append(_Collective(node, None, self.snapshot(), self.facts.seq))
 
     def leave_Module(self, node: cst.Module) -> None:
@@ -93,7 +92,7 @@ class CollectiveUnderRankGuard(RankZeroRule):
         binding = self.facts.wrapper_binding(func, collective.ancestors, collective.seq)
         if binding is None:
             return False
-        return not _buffers_not_broadcast(binding.value)
+        return not _buffers_not_broadcast(unwrap_call_chain(binding.value))
 
     def _report(self, collective: _Collective, helper: str | None) -> None:
         shown = self.context.code(collective.call.func)
@@ -103,25 +102,20 @@ class CollectiveUnderRankGuard(RankZeroRule):
             wrapper = shown.removesuffix(".forward")
             message = (
                 f"`{shown}(...)`{where} runs the DDP wrapper's forward on rank 0 only{why}, "
-                "and it broadcasts buffers the other ranks never receive; "
+                "which hangs once the model has buffers to broadcast (BatchNorm); "
                 f"evaluate `{wrapper}.module(...)` instead"
             )
-        else:
-            message = (
-                f"`{shown}`{where} runs on rank 0 only{why}, so the other ranks never join it "
-                "and the job hangs; call it on every rank, outside the guard"
-            )
+            # Without buffers (nanoGPT with flash attention) the forward runs no collective.
+            self.report(collective.call, message, severity=Severity.WARNING)
+            return
+        message = (
+            f"`{shown}`{where} runs on rank 0 only{why}, so the other ranks never join it "
+            "and the job hangs; call it on every rank, outside the guard"
+        )
         self.report(collective.call, message)
 
 
-def _buffers_not_broadcast(value: cst.BaseExpression) -> bool:
+def _buffers_not_broadcast(wrap: cst.Call | None) -> bool:
     """`DDP(model, broadcast_buffers=False)`: its forward runs no collective."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Call):
-            arg = keyword_arg(node, "broadcast_buffers")
-            if arg is not None:
-                return isinstance(arg.value, cst.Name) and arg.value.value == "False"
-        stack.extend(node.children)
-    return False
+    arg = keyword_arg(wrap, "broadcast_buffers") if wrap is not None else None
+    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "False"
