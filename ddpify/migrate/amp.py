@@ -36,6 +36,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
     edits = Edits()
     _modernise(tree, plan, edits)
     if tree.calls_to(*AUTOCASTS):
+        plan.amp_existing = True
         _unscale_before_clip(tree, plan, edits)
         return edits
     if plan.options.amp == "off" or not plan.shape.converts:
@@ -80,10 +81,14 @@ def _unscale_before_clip(tree: Tree, plan: Plan, edits: Edits) -> None:
         statement = tree.statement(call)
         block = list(tree.block(statement).body)
         before = block[: block.index(statement)]
+        between = []
         for stmt in reversed(before):
-            code = tree.code(stmt)
-            if "unscale_" in code or ".backward(" in code:
+            if ".backward(" in tree.code(stmt):
                 break
+            between.append(stmt)
+        if any("unscale_" in tree.code(stmt) for stmt in between):
+            continue
+        for stmt in between:
             if any(tree.qualify(c.func) in CLIPS for c in tree.within(stmt, cst.Call)):
                 line = f"{receiver}.unscale_({optimizer})"
                 edits.before[stmt].append(snippets.statement(line))

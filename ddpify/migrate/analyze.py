@@ -76,6 +76,7 @@ class Plan:
     lr_scaling: str = "none"
     lr_rule: str | None = None
     amp_added: bool = False
+    amp_existing: bool = False
     needs: set[str] = field(default_factory=set)  # imports the passes used: os, dist, ...
 
     def change(self, pass_name: str, description: str, anchor: str | None, code=None) -> None:
@@ -224,14 +225,28 @@ def backward_calls(tree: Tree) -> list[cst.Call]:
 
 
 def training_loops(tree: Tree) -> list[cst.For]:
-    loops = []
-    for call in backward_calls(tree):
-        current = tree.parent.get(call)
+    """The `for` loops that run the backward pass, also through a step helper they call."""
+    loops: list[cst.For] = []
+    pending = [(call, 0) for call in backward_calls(tree)]
+    while pending:
+        node, depth = pending.pop(0)
+        current = tree.parent.get(node)
         while current is not None and not isinstance(current, (cst.For, cst.FunctionDef)):
             current = tree.parent.get(current)
-        if isinstance(current, cst.For) and current not in loops:
-            loops.append(current)
+        if isinstance(current, cst.For):
+            if current not in loops:
+                loops.append(current)
+        elif isinstance(current, cst.FunctionDef) and depth < 3:
+            pending += [(call, depth + 1) for call in _calls_of(tree, current)]
     return loops
+
+
+def _calls_of(tree: Tree, func: cst.FunctionDef) -> list[cst.Call]:
+    def calls_func(call: cst.Call) -> bool:
+        callee = dotted(call.func)
+        return callee is not None and callee.rsplit(".", 1)[-1] == func.name.value
+
+    return [call for call in tree.find(cst.Call, calls_func) if not tree.inside(call, func)]
 
 
 def iterated_name(loop: cst.For) -> str | None:
@@ -394,6 +409,12 @@ def analyze(tree: Tree, options: Options) -> Plan:
 
 
 def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.For]) -> None:
+    if not loaders and not unresolved:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            "cannot find the loop that feeds the training step; without it the data cannot be "
+            "sharded, and every rank would train on the same batches",
+        )
     if unresolved:
         loop = unresolved[0]
         line = tree.code(loop).strip().splitlines()[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.guards import classify
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
@@ -252,11 +253,37 @@ def _replace_local_rank(tree: Tree, plan: Plan, edits: Edits) -> None:
         if isinstance(small, cst.Assign) and any(t.target is attr for t in small.targets):
             edits.removed.add(statement)
             continue
+        if _in_rank_guard_test(tree, attr):
+            # `if args.local_rank == 0:` meant "the main process": I/O goes to global rank 0.
+            edits.replace(attr, cst.Name("RANK"))
+            plan.change(
+                NAME, "rank-0 guard on the local rank -> global RANK", "RANK == 0", "DDP050"
+            )
+            continue
         edits.replace(attr, cst.Name("LOCAL_RANK"))
     plan.change(NAME, "args.local_rank -> LOCAL_RANK", "LOCAL_RANK", "DDP003")
     guard = tree.main_guard()
     if guard is not None:
         _ensure_destroy(tree, plan, edits, None, guard)
+    elif not tree.calls_to(DESTROY_PG):
+        last = tree.module.body[-1]
+        edits.after[last].append(_call(plan, "\n{dist}.destroy_process_group()"))
+        plan.change(
+            NAME,
+            "destroy_process_group() at the end of the script",
+            f"{plan.dist}.destroy_process_group()",
+            "DDP002",
+        )
+
+
+def _in_rank_guard_test(tree: Tree, node: cst.CSTNode) -> bool:
+    current = tree.parent.get(node)
+    while current is not None and not isinstance(current, cst.BaseStatement):
+        parent = tree.parent.get(current)
+        if isinstance(parent, cst.If) and parent.test is current:
+            return classify(current) is not None
+        current = parent
+    return False
 
 
 def _ensure_destroy(tree, plan, edits, statement, guard=None) -> None:

@@ -64,6 +64,9 @@ def _module(stmt: cst.SimpleStatementLine) -> str:
 def _used_names(tree: Tree) -> set[str]:
     used = set()
     for name in tree.find(cst.Name):
+        parent = tree.parent.get(name)
+        if isinstance(parent, cst.Attribute) and parent.attr is name:
+            continue  # `torch.autocast` does not use a local name `autocast`
         statement = tree.statement(name)
         if isinstance(statement, cst.SimpleStatementLine) and isinstance(
             statement.body[0], (cst.Import, cst.ImportFrom)

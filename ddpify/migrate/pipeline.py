@@ -55,6 +55,8 @@ def migrate_source(
     except NotMigrated as exc:
         return MigrationResult(filename, text, text, exc.shape.value, False, exc.reason)
     output = module.code
+    if gates:
+        check_compiles(output, "output")
     result = _result(filename, text, output, plan)
     if gates and result.changed:
         _gate_idempotent(result, options, passes)
@@ -66,14 +68,24 @@ def migrate_source(
 def _run_pass(name: str, run, tree: Tree, plan: Plan) -> cst.Module:
     try:
         edits = run(tree, plan)
+        if not edits:
+            return tree.module
         module = edits.apply(tree.module)
         code = module.code
     except NotMigrated:
         raise
     except Exception as exc:  # a bug in the pass: blame it, write nothing
         raise GateError(name, f"{type(exc).__name__}: {exc}") from exc
-    check_compiles(code, name)
-    return cst.parse_module(code)
+    _compiles(code, name)
+    return module
+
+
+def _compiles(code: str, pass_name: str) -> None:
+    """Python's own compiler, per pass (cheap); the final output also goes through libcst."""
+    try:
+        compile(code, "<output>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        raise GateError(pass_name, f"output does not compile: {exc}") from None
 
 
 def _result(filename: str, text: str, output: str, plan: Plan) -> MigrationResult:
@@ -88,8 +100,16 @@ def _result(filename: str, text: str, output: str, plan: Plan) -> MigrationResul
         batch_policy=plan.options.batch_policy,
         lr_scaling=plan.lr_scaling,
         lr_rule=plan.lr_rule,
-        amp=(plan.options.amp if plan.amp_added else "off") if plan.shape.converts else "unchanged",
+        amp=_amp_label(plan),
     )
+
+
+def _amp_label(plan: Plan) -> str:
+    if plan.amp_added:
+        return plan.options.amp
+    if plan.amp_existing:
+        return "the script's own (kept)"
+    return "off" if plan.shape.converts else "unchanged"
 
 
 def _gate_idempotent(result: MigrationResult, options: Options, passes) -> None:

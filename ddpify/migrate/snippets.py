@@ -27,7 +27,8 @@ def {name}():
     if "RANK" in os.environ:
         {dist}.init_process_group(backend)
     else:
-        {dist}.init_process_group(backend, store={dist}.HashStore(), rank=0, world_size=1)
+        store = {dist}.HashStore()  # a group of one needs no rendezvous
+        {dist}.init_process_group(backend, store=store, rank=RANK, world_size=WORLD_SIZE)
 '''
 
 AMP_COMMENT = "# ddpify: mixed precision on GPUs only ({choice}); CPU runs stay exact."

@@ -12,6 +12,7 @@ from typing import Callable
 import libcst as cst
 
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
+from ddpify.walk import children
 
 BLOCKS = (cst.Module, cst.IndentedBlock)
 SCOPES = (cst.Module, cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -24,7 +25,20 @@ class Tree:
         self.order: dict[cst.CSTNode, int] = {}
         self.nodes: list[cst.CSTNode] = []
         self.imports = ImportMap()
-        module.visit(_Collector(self))
+        self._collect(module)
+
+    def _collect(self, module: cst.Module) -> None:
+        """Pre-order walk over the syntax nodes (ddpify.walk skips formatting children)."""
+        stack: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(module, None)]
+        while stack:
+            node, parent = stack.pop()
+            if parent is not None:
+                self.parent[node] = parent
+            self.order[node] = len(self.nodes)
+            self.nodes.append(node)
+            if isinstance(node, (cst.Import, cst.ImportFrom)):
+                self.imports.add(node)
+            stack.extend((child, node) for child in reversed(list(children(node))))
 
     # -- structure -------------------------------------------------------------------
 
@@ -113,26 +127,6 @@ class Tree:
             if isinstance(stmt, cst.If) and is_main_test(stmt.test):
                 return stmt
         return None
-
-
-class _Collector(cst.CSTVisitor):
-    def __init__(self, tree: Tree) -> None:
-        self.tree = tree
-        self.stack: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        tree = self.tree
-        if self.stack:
-            tree.parent[node] = self.stack[-1]
-        tree.order[node] = len(tree.nodes)
-        tree.nodes.append(node)
-        self.stack.append(node)
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            tree.imports.add(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.stack.pop()
 
 
 def is_main_test(test: cst.BaseExpression) -> bool:

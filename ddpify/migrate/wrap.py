@@ -125,19 +125,36 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         outer = _chain_top(tree, call)
         suffix = tree.code(outer)[len(tree.code(call)) :]
         inner = tree.code(call.args[0].value)
-        new = snippets.expression(_ddp_call(plan, inner + suffix))
-        edits.replace(outer, new)
         statement = tree.statement(call)
+        target = bound_target(tree, call)
         plan.change(
             NAME,
             "DataParallel -> DistributedDataParallel (one process per GPU)",
             f"{plan.ddp}(",
             "DDP070",
         )
+        owner = _device_count_if(tree, statement)
+        anchor = owner or statement
+        place = anchor
+        if target is not None and inner == target and not suffix:
+            place = _last_preparation(tree, target, anchor)
+        if place is not anchor:
+            # `model = DataParallel(model); model.to(device)`: DDP wants the module on its
+            # device first, so the wrap moves after the preparation.
+            edits.removed.add(statement)
+            if owner is not None and len(owner.body.body) == 1:
+                edits.removed.add(owner)
+            if _wants_sync_bn(tree, plan):
+                edits.after[place].append(_sync_bn(plan, target))
+            new = snippets.statement(f"{target} = {_ddp_call(plan, target)}")
+            edits.after[place].append(new)
+            wrapped.append((target, place))
+            continue
+        edits.replace(outer, snippets.expression(_ddp_call(plan, inner + suffix)))
         if _wants_sync_bn(tree, plan) and isinstance(call.args[0].value, cst.Name):
             edits.before[statement].append(_sync_bn(plan, inner))
-        _unconditional(tree, edits, statement)
-        target = bound_target(tree, call)
+        if owner is not None:
+            _hoist(edits, owner)
         if target:
             wrapped.append((target, statement))
     return wrapped
@@ -155,15 +172,20 @@ def _chain_top(tree: Tree, call: cst.Call) -> cst.BaseExpression:
         return node
 
 
-def _unconditional(tree: Tree, edits: Edits, statement: cst.BaseStatement) -> None:
-    """`if torch.cuda.device_count() > 1: model = DataParallel(model)`: the wrap must happen
-    on every run, CPU included, so the `if` goes and its body stays."""
-    block = tree.block(statement)
-    owner = tree.parent.get(block)
-    if not isinstance(owner, cst.If) or owner.orelse is not None:
-        return
-    if "device_count" not in tree.code(owner.test):
-        return
+def _device_count_if(tree: Tree, statement: cst.BaseStatement) -> cst.If | None:
+    """The `if torch.cuda.device_count() > 1:` around a DataParallel wrap, if any."""
+    owner = tree.parent.get(tree.block(statement))
+    if (
+        isinstance(owner, cst.If)
+        and owner.orelse is None
+        and "device_count" in tree.code(owner.test)
+    ):
+        return owner
+    return None
+
+
+def _hoist(edits: Edits, owner: cst.If) -> None:
+    """The wrap must happen on every run, CPU included: the `if` goes, its body stays."""
 
     def hoist(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         body = list(members[0].body.body)  # type: ignore[attr-defined]

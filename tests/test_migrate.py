@@ -1,0 +1,399 @@
+"""`ddpify migrate`: fixture pairs, gates, the CLI, the report.
+
+`DDPIFY_UPDATE_FIXTURES=1 python -m pytest tests/test_migrate.py` rewrites the after.py
+files; read the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import libcst as cst
+import pytest
+
+from ddpify.cli import main
+from ddpify.engine import check_source
+from ddpify.gates import GateError
+from ddpify.migrate import PASSES, Options, migrate_source
+from ddpify.migrate.edits import Edits
+from ddpify.rules import ALL_RULES
+from tests.helpers import FIXTURES
+
+CASES_DIR = FIXTURES / "migrate"
+CASES = sorted(p.name for p in CASES_DIR.iterdir() if (p / "before.py").is_file())
+UNTOUCHED = {"accelerate_script", "lightning_script"}
+UPDATE = os.environ.get("DDPIFY_UPDATE_FIXTURES") == "1"
+
+
+def case_options(case: str) -> list[str]:
+    path = CASES_DIR / case / "options.txt"
+    return shlex.split(path.read_text()) if path.exists() else []
+
+
+def options_of(case: str) -> Options:
+    flags = case_options(case)
+    options = Options()
+    for flag, value in zip(flags, flags[1:] + [""]):
+        if flag == "--batch-policy":
+            options.batch_policy = value
+        elif flag == "--amp":
+            options.amp = value
+        elif flag == "--lr-scaling":
+            options.lr_scaling = value
+        elif flag == "--no-sync-bn":
+            options.sync_bn = False
+    return options
+
+
+# -- the fixture pairs ------------------------------------------------------------------
+
+
+def test_there_are_enough_cases_of_every_shape():
+    shapes = {}
+    for case in CASES:
+        shape = migrate_source((CASES_DIR / case / "before.py").read_text(), case).shape
+        shapes[shape] = shapes.get(shape, 0) + 1
+    assert len(CASES) >= 12
+    assert set(shapes) >= {
+        "single-GPU",
+        "DataParallel",
+        "mp.spawn DDP",
+        "torch.distributed.launch DDP",
+        "torchrun DDP",
+        "framework",
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cli_output_equals_after(case, tmp_path, capsys):
+    before = CASES_DIR / case / "before.py"
+    expected = CASES_DIR / case / "after.py"
+    out = tmp_path / "after.py"
+    code = main(["migrate", str(before), "-o", str(out), *case_options(case)])
+    report = capsys.readouterr().out
+    if case in UNTOUCHED:
+        assert code == 1
+        assert "not migrated" in report
+        assert not out.exists()
+        assert expected.read_text() == before.read_text()
+        return
+    assert code == 0, report
+    if UPDATE:
+        expected.write_text(out.read_text())
+    assert out.read_text() == expected.read_text()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in UNTOUCHED])
+def test_migrating_after_again_changes_nothing(case):
+    after = (CASES_DIR / case / "after.py").read_text()
+    again = migrate_source(after, "after.py", options_of(case))
+    assert again.migrated
+    assert again.output == after
+    assert not again.changes
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in UNTOUCHED])
+def test_check_reports_none_of_the_fixed_codes(case):
+    before = (CASES_DIR / case / "before.py").read_text()
+    result = migrate_source(before, "before.py", options_of(case), gates=False)
+    found = check_source(result.output, "after.py", ALL_RULES, force=True).diagnostics
+    if case != "torchrun_clean":
+        assert result.fixed_codes, "every migration fixes something"
+    assert not [d.code for d in found if d.code in result.fixed_codes]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in UNTOUCHED])
+def test_unedited_lines_survive_byte_for_byte(case):
+    before = (CASES_DIR / case / "before.py").read_text()
+    after = (CASES_DIR / case / "after.py").read_text()
+    comments = [line for line in before.splitlines() if line.lstrip().startswith("#")]
+    for comment in comments:
+        assert comment.strip() in after
+    kept = [line for line in before.splitlines() if line in after.splitlines()]
+    assert len(kept) >= 0.6 * len(before.splitlines())
+
+
+# -- what the converted scripts contain -------------------------------------------------
+
+
+def migrate_case(case: str, **options) -> str:
+    text = (CASES_DIR / case / "before.py").read_text()
+    return migrate_source(text, "before.py", Options(**options)).output
+
+
+def test_sampler_takes_the_loaders_shuffle_and_epochs_reshuffle():
+    out = migrate_case("single_main_argparse")
+    assert "sampler=DistributedSampler(train_set, shuffle=True))" in out
+    assert "shuffle=True," not in out
+    loop = out.index("for epoch in range(args.epochs):")
+    assert out.index("train_loader.sampler.set_epoch(epoch)", loop) < out.index(
+        "model.train()", loop
+    )
+
+
+def test_evaluation_loader_is_left_whole_and_reported():
+    text = (CASES_DIR / "single_main_argparse" / "before.py").read_text()
+    result = migrate_source(text, "before.py")
+    assert "val_loader = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=64)" in result.output
+    assert any("not sharded" in item.why and item.line for item in result.needs_human)
+
+
+@pytest.mark.parametrize(
+    ("case", "policy", "scaling", "expected"),
+    [
+        ("single_main_argparse", "per-rank", None, "lr=args.lr * WORLD_SIZE,"),
+        ("single_toplevel", "per-rank", None, "lr=1e-3 * WORLD_SIZE**0.5)"),
+        ("single_toplevel", "per-rank", "linear", "lr=1e-3 * WORLD_SIZE)"),
+        ("single_main_argparse", "per-rank", "none", "lr=args.lr,"),
+        ("single_main_argparse", "global", None, "lr=args.lr,"),
+    ],
+)
+def test_learning_rate_follows_the_batch_policy(case, policy, scaling, expected):
+    out = migrate_case(case, batch_policy=policy, lr_scaling=scaling)
+    assert expected in out
+    if "WORLD_SIZE" in expected:
+        rule = "linear LR scaling (Goyal" if "**" not in expected else "square-root LR scaling"
+        line = out[: out.index(expected)].splitlines()[-2]
+        assert "# ddpify: " in line and rule in line
+
+
+def test_global_batch_policy_divides_the_batch():
+    out = migrate_case("single_main_argparse", batch_policy="global")
+    assert "batch_size=args.batch_size // WORLD_SIZE" in out
+    assert "# ddpify: batch policy global" in out
+
+
+def test_result_tells_verify_the_policy_and_scale():
+    text = (CASES_DIR / "single_toplevel" / "before.py").read_text()
+    result = migrate_source(text, "t.py")
+    assert (result.batch_policy, result.lr_scaling) == ("per-rank", "sqrt")
+    assert result.lr_scale_for(4) == pytest.approx(2.0)
+    flat = migrate_source(text, "t.py", Options(batch_policy="global"))
+    assert flat.lr_scale_for(4) == 1.0
+
+
+def test_amp_off_and_no_sync_bn():
+    default = migrate_case("single_trainer_class")
+    assert "convert_sync_batchnorm" in default and "torch.autocast(" in default
+    bare = migrate_case("single_trainer_class", amp="off", sync_bn=False)
+    assert "convert_sync_batchnorm" not in bare
+    assert "autocast" not in bare and "SCALER" not in bare
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_amp_dtype_choice(amp):
+    out = migrate_case("single_main_argparse", amp=amp)
+    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[amp]
+    assert f"AMP_DTYPE = {dtype}\n" in out
+
+
+def test_process_group_lifecycle_in_every_converted_script():
+    for case in CASES:
+        if case in UNTOUCHED or case.startswith("torchrun"):
+            continue
+        out = (CASES_DIR / case / "after.py").read_text()
+        assert out.index("torch.cuda.set_device(LOCAL_RANK)") < out.index("init_process_group(")
+        assert "destroy_process_group()" in out
+        for launcher in ("mp.spawn(", '"MASTER_ADDR"', "args.local_rank", '"--local'):
+            assert launcher not in out
+
+
+def test_spawn_rank_as_device_becomes_local_rank():
+    out = (CASES_DIR / "spawn_tutorial" / "after.py").read_text()
+    assert 'f"cuda:{LOCAL_RANK}"' in out and "device_ids=[LOCAL_RANK]" in out
+    assert "demo_basic(RANK, world_size)" in out and "world_size = WORLD_SIZE" in out
+
+
+def test_dataparallel_wrap_moves_after_the_device_move():
+    out = (CASES_DIR / "dp_toplevel" / "after.py").read_text()
+    assert "DataParallel(" not in out
+    assert out.index("model.to(device)") < out.index("model = DDP(model")
+
+
+# -- not understood, left alone ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (
+            "import torch\nfrom accelerate import Accelerator\nm = torch.nn.Linear(1, 1)\n",
+            "Accelerate",
+        ),
+        ("import os\nprint(os.getcwd())\n", "does not import torch"),
+        ("import torch\nmodel = torch.nn.Linear(2, 2)\nmodel(torch.ones(2))\n", "no training step"),
+        (
+            "import torch\nmodel = torch.nn.Linear(2, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "x, y = torch.randn(64, 2), torch.randn(64, 1)\n"
+            "for i in range(0, 64, 8):\n"
+            "    loss = ((model(x[i:i + 8]) - y[i:i + 8]) ** 2).mean()\n"
+            "    loss.backward()\n    opt.step()\n",
+            "hand-made batches",
+        ),
+        (
+            "import torch\nfrom torch.utils.data import DataLoader, IterableDataset\n"
+            "class Stream(IterableDataset):\n    def __iter__(self):\n"
+            "        yield torch.randn(2), torch.randn(1)\n"
+            "model = torch.nn.Linear(2, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "stream = Stream()\nloader = DataLoader(stream, batch_size=4)\n"
+            "for x, y in loader:\n    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n",
+            "IterableDataset",
+        ),
+    ],
+)
+def test_scripts_it_does_not_understand_are_left_untouched(source, reason):
+    result = migrate_source(source, "t.py")
+    assert not result.migrated
+    assert reason in result.reason
+    assert result.output == source
+
+
+# -- gates ------------------------------------------------------------------------------
+
+SIMPLE = (CASES_DIR / "single_main_argparse" / "before.py").read_text()
+
+
+def _append(code: str):
+    def run(tree, plan):
+        edits = Edits()
+        edits.after[tree.module.body[-1]].append(cst.parse_statement(code))
+        return edits
+
+    return run
+
+
+def test_a_pass_that_breaks_compilation_is_named():
+    passes = [*PASSES[:2], ("broken", _append("return 1\n"))]
+    with pytest.raises(GateError) as info:
+        migrate_source(SIMPLE, "t.py", passes=passes)
+    assert info.value.pass_name == "broken"
+    assert "does not compile" in info.value.reason
+
+
+def test_a_pass_that_is_not_idempotent_is_named():
+    def noisy(tree, plan):
+        plan.change("noisy", "adds a line every time", None)
+        return _append("_ddpify_marker = 1\n")(tree, plan)
+
+    with pytest.raises(GateError) as info:
+        migrate_source(SIMPLE, "t.py", passes=[*PASSES, ("noisy", noisy)])
+    assert "noisy" in info.value.pass_name
+    assert "idempotent" in info.value.reason
+
+
+def test_a_pass_that_claims_a_fix_check_still_reports_is_named():
+    def liar(tree, plan):
+        plan.change("liar", "claims to fix map_location", None, "DDP012")
+        return Edits()
+
+    passes = [p for p in PASSES if p[0] != "data"] + [("liar", liar)]
+    with pytest.raises(GateError) as info:
+        migrate_source(SIMPLE, "t.py", passes=passes)
+    assert info.value.pass_name == "liar"
+    assert "DDP012" in info.value.reason
+
+
+def test_a_crashing_pass_is_reported_as_a_gate_failure():
+    def crash(tree, plan):
+        raise RuntimeError("boom")
+
+    with pytest.raises(GateError) as info:
+        migrate_source(SIMPLE, "t.py", passes=[("crash", crash)])
+    assert info.value.pass_name == "crash" and "boom" in info.value.reason
+
+
+def test_a_failed_gate_writes_nothing(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(SIMPLE)
+    import ddpify.migrate.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "PASSES", [*PASSES[:1], ("broken", _append("return 1\n"))])
+    assert main(["migrate", str(script)]) == 2
+    assert script.read_text() == SIMPLE
+    assert "broken pass failed" in capsys.readouterr().err
+
+
+def test_input_must_parse():
+    with pytest.raises(GateError) as info:
+        migrate_source("def broken(:\n", "t.py")
+    assert info.value.pass_name == "parse"
+
+
+# -- CLI --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SIMPLE)
+    return path
+
+
+def test_default_rewrites_in_place_and_reports(script, capsys):
+    mode = 0o750
+    script.chmod(mode)
+    assert main(["migrate", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert script.read_text() == (CASES_DIR / "single_main_argparse" / "after.py").read_text()
+    assert script.stat().st_mode & 0o777 == mode
+    assert "Changes:" in out and "Needs a human:" in out
+    assert f"torchrun --standalone --nproc_per_node=gpu {script}" in out
+    assert "--rdzv_backend=c10d --rdzv_endpoint=HOST:29500" in out
+    assert "line   " in out
+
+
+def test_diff_prints_and_writes_nothing(script, capsys):
+    assert main(["migrate", str(script), "--diff"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("--- ")
+    assert "+    model = DDP(model" in captured.out
+    assert "Changes:" in captured.err
+    assert script.read_text() == SIMPLE
+
+
+def test_check_exits_1_when_it_would_change(script, tmp_path):
+    assert main(["migrate", str(script), "--check"]) == 1
+    assert script.read_text() == SIMPLE
+    done = tmp_path / "done.py"
+    done.write_text((CASES_DIR / "single_main_argparse" / "after.py").read_text())
+    assert main(["migrate", str(done), "--check"]) == 0
+
+
+def test_crlf_newlines_and_encoding_survive(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_bytes(b"\xef\xbb\xbf" + SIMPLE.replace("\n", "\r\n").encode())
+    assert main(["migrate", str(path)]) == 0
+    data = path.read_bytes()
+    assert data.startswith(b"\xef\xbb\xbf")
+    assert data.count(b"\r\n") == data.count(b"\n")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "No such file"),
+        (b"def broken(:\n", "does not parse"),
+        (b"x = '\xff\xfe'\n", "cannot decode"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.py"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["migrate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_framework_script_exits_1_with_the_reason(capsys):
+    path = CASES_DIR / "lightning_script" / "before.py"
+    assert main(["migrate", str(path), "--check"]) == 1
+    assert "Lightning" in capsys.readouterr().out
+
+
+def test_script_arguments_need_verify(script, capsys):
+    assert main(["migrate", str(script), "--", "--epochs", "1"]) == 2
+    assert "--verify" in capsys.readouterr().err
