@@ -13,11 +13,11 @@ import traceback
 from collections.abc import Sequence
 
 from ddpify import __version__
-from ddpify.commands import check, lsp, migrate, rule
+from ddpify.commands import check, lsp, migrate, rule, verify
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
-COMMANDS = [check, rule, migrate, lsp]
+COMMANDS = [check, rule, migrate, lsp, verify]
 
 
 def build_parser() -> argparse.ArgumentParser:

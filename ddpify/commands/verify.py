@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXAMPLES = """\
+examples:
+  ddpify verify train.py train_ddp.py                 2 processes, 3 optimizer steps
+  ddpify verify train.py train_ddp.py --nproc 4 --steps 5
+  ddpify verify train.py train_ddp.py -- --epochs 1 --data ./tiny
+  ddpify verify train.py train_ddp.py --batch-policy global --output-format json
+
+The original runs as one process, the converted script under torchrun (gloo on CPU, nccl when
+there is a GPU per process); a probe records the gradients of every optimizer step and stops
+both after --steps steps. Arguments after `--` go to both scripts.
+
+batch policy: per-rank = each process keeps the original batch size (the original is run at
+N times its batch; the LR may be scaled by N or sqrt(N)); global = each process gets batch // N
+and the same LR. Default: what the converted script's `# ddpify: ...` comments say, else
+inferred from its batch size.
+
+exit status: 0 match, 1 mismatch, 2 could not run or inconclusive.
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="run a script and its DDP conversion, compare gradients step by step",
+        description="Run ORIGINAL on one process and CONVERTED on N under torchrun, and "
+        "compare gradients at every optimizer step and the weights after the last.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [options] ORIGINAL CONVERTED [-- SCRIPT_ARGS ...]",
+    )
+    parser.add_argument("original", type=Path, help="the single-process script")
+    parser.add_argument("converted", type=Path, help="its DDP version")
+    parser.add_argument("--nproc", type=int, default=2, help="processes for CONVERTED (2)")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps to compare (3)")
+    parser.add_argument("--rtol", type=float, help="relative tolerance (default: the dtype's)")
+    parser.add_argument("--atol", type=float, help="absolute tolerance (default: the dtype's)")
+    parser.add_argument(
+        "--batch-policy",
+        choices=["per-rank", "global", "auto"],
+        help="how the conversion split the batch (default: from the markers)",
+    )
+    parser.add_argument(
+        "--lr-scale",
+        type=float,
+        help="the converted LR divided by the original's (default: markers, else 1, N or sqrt(N))",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds allowed for each run (300)"
+    )
+    parser.add_argument("--output-format", choices=["full", "json"], default="full")
+    parser.set_defaults(run=run, script_args=[])
+    parser.parse_known_args = split_script_args(parser.parse_known_args)
+
+
+def split_script_args(parse_known_args):
+    """Everything after the first `--` goes to the scripts, wherever the options stand.
+
+    (argparse alone matches positionals once: `a.py b.py --steps 2 -- --epochs 1` would fail.)
+    """
+
+    def parse(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        tail = []
+        if "--" in args:
+            cut = args.index("--")
+            args, tail = args[:cut], args[cut + 1 :]
+        namespace, extras = parse_known_args(args, namespace)
+        namespace.script_args = tail
+        return namespace, extras
+
+    return parse
+
+
+def run(args: argparse.Namespace) -> int:
+    from ddpify.verify import run_verify
+    from ddpify.verify.markers import read_markers
+
+    batch_policy, lr_scale = args.batch_policy, args.lr_scale
+    markers = None
+    if batch_policy is None or lr_scale is None:
+        try:
+            markers = read_markers(args.converted.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            markers = None
+    if markers is not None:
+        batch_policy = batch_policy or markers.batch_policy
+        if lr_scale is None:
+            lr_scale = markers.lr_scale(args.nproc)
+    result = run_verify(
+        args.original,
+        args.converted,
+        nproc=args.nproc,
+        steps=args.steps,
+        script_args=args.script_args,
+        batch_policy=batch_policy or "auto",
+        lr_scale=lr_scale,
+        rtol=args.rtol,
+        atol=args.atol,
+        timeout=args.timeout,
+    )
+    if markers is not None and markers.lines:
+        result.notes.append("migration markers read: " + " | ".join(markers.lines))
+    result.render(sys.stdout, args.output_format)
+    return result.exit_code

@@ -1,0 +1,43 @@
+"""`ddpify verify`: prove a migration right by running both scripts and comparing gradients.
+
+The converted script runs first, under torchrun with N processes; then the original runs as one
+process. A probe (probe.py) is started in front of each script, so the scripts are not edited; it
+hooks the optimizer steps, the DataLoader and a few functionals, and stops every process after
+K optimizer steps. Then compare.py checks like with like, as PyTorch's DDP parity tests do.
+
+Same start: every process is seeded identically before the script runs, the scripts seed
+themselves as they do, and the initial weights are compared (original vs rank 0, every rank vs
+rank 0), so a conversion whose ranks start from different weights fails at step 1.
+
+Same data: the reference is the original's own data order. RandomSampler (the original's
+shuffle=True) and DistributedSampler(shuffle=True) both draw from one canonical permutation
+per epoch, so at step i the N ranks together must hold exactly the samples of the original's
+batch i; a conversion without a DistributedSampler shows every rank the same batch and fails.
+Epochs count in the order set_epoch is first called with a new value, so a missing set_epoch
+fails at the first step of the second epoch.
+
+Batch policy and learning rate:
+- "per-rank": each process keeps the original batch size b, so the original runs at N*b
+  (its DataLoader's batch size is multiplied). The migration may scale the LR (linear: N,
+  sqrt: sqrt(N)). Gradients do not depend on the LR, but the weights after step 1 do, and so
+  every later gradient; so instead of undoing the scaling in the converted run, the original
+  runs each step at its own learning rate (schedulers included) times the scale, restored after
+  the step. The scale is `lr_scale` when given; otherwise the one of 1, N, sqrt(N) that maps
+  the original's first-step LR onto the converted's. Any other LR difference is a mismatch.
+- "global": each process gets b // N, the original runs unchanged, the LR must be equal.
+- "auto" (the CLI's default when the converted script carries no ddpify marker): whichever of
+  the two the converted script's first DataLoader batch size fits.
+
+Randomness: dropout is switched off in both runs (its masks cannot be made equal across 1 and
+N processes). Random numbers drawn by the data pipeline or between steps, BatchNorm without
+SyncBatchNorm and sum-reduced losses make the result inconclusive (exit 2), never a pass.
+
+Exit codes: 0 match, 1 mismatch, 2 could not run or inconclusive.
+"""
+
+from __future__ import annotations
+
+from ddpify.verify.report import VerifyResult
+from ddpify.verify.runner import run_verify
+
+__all__ = ["VerifyResult", "run_verify"]

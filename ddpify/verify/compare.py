@@ -1,0 +1,420 @@
+"""Compare what the probe recorded in the original run and in the N converted processes.
+
+Checks, in order, at each optimizer step i (of every optimizer, in the order they stepped):
+1. the learning rate the step used (the original's times the migration's LR scale);
+2. the data: the N ranks' step-i batches together hold the original's step-i batch
+   (sample count, sum and sum of squares of the first tensor of each batch add up);
+3. at step 1, the batch size against the batch policy, the initial weights against the
+   original's, and every rank's initial weights against rank 0's;
+4. every rank's gradients against rank 0's, then rank 0's against the original's;
+and after the last step the weights, against the original's and across ranks.
+
+Learning rate, data, batch size, initial weights and rank disagreement are mismatches whatever
+else happened. A gradient or final-weight difference is a mismatch unless something recorded
+makes the comparison inconclusive (BatchNorm statistics, sum-reduced losses, random numbers
+in the data or the loop, data order the probe could not align).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+TOLERANCES = {  # (rtol, atol): torch.testing.assert_close's defaults per dtype
+    "float64": (1e-7, 1e-7),
+    "float32": (1.3e-6, 1e-5),
+    "float16": (1e-3, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+}
+AMP_TOLERANCES = {"float16": (1e-2, 1e-3), "bfloat16": (5e-2, 1e-2)}
+DATA_RTOL = 1e-6
+
+
+@dataclass
+class StepRow:
+    step: int
+    compared: str
+    max_abs: float | None
+    max_rel: float | None
+    worst: str | None
+    ok: bool
+    optimizer: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Finding:
+    step: int | None
+    what: str
+    parameter: str | None
+    message: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Comparison:
+    rows: list[StepRow] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    gradient_findings: list[Finding] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    tolerance: tuple[float, float] = (1.3e-6, 1e-5)
+
+    @property
+    def first_mismatch(self) -> Finding | None:
+        ordered = [f for f in self.findings + self.gradient_findings if f.parameter]
+        return min(ordered, key=lambda f: f.step or 0, default=None)
+
+
+@dataclass
+class TensorDiff:
+    max_abs: float
+    max_rel: float
+    excess: float  # max |a - b| / (atol + rtol |b|): above 1 fails
+
+    @property
+    def ok(self) -> bool:
+        return self.excess <= 1.0
+
+
+def tensor_diff(actual, expected, rtol: float, atol: float) -> TensorDiff:
+    if actual is None or expected is None:
+        same = actual is None and expected is None
+        return TensorDiff(
+            0.0 if same else math.inf, 0.0 if same else math.inf, 0.0 if same else math.inf
+        )
+    if actual.shape != expected.shape:
+        return TensorDiff(math.inf, math.inf, math.inf)
+    a, b = actual.double(), expected.double()
+    if a.numel() == 0:
+        return TensorDiff(0.0, 0.0, 0.0)
+    diff = (a - b).abs()
+    max_abs = float(diff.max())
+    scale = float(b.abs().max())
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    excess = float((diff / (atol + rtol * b.abs())).max())
+    return TensorDiff(max_abs, max_rel, excess if not math.isnan(excess) else math.inf)
+
+
+@dataclass
+class ListDiff:
+    max_abs: float
+    max_rel: float
+    worst: str | None
+    first_failing: str | None
+    failing: int
+
+    @property
+    def ok(self) -> bool:
+        return self.first_failing is None
+
+
+def list_diff(names: list[str], actual: list, expected: list, rtol: float, atol: float) -> ListDiff:
+    if len(actual) != len(expected):
+        return ListDiff(math.inf, math.inf, None, names[0] if names else "?", len(expected))
+    diffs = [tensor_diff(a, e, rtol, atol) for a, e in zip(actual, expected)]
+    if not diffs:
+        return ListDiff(0.0, 0.0, None, None, 0)
+    worst = max(range(len(diffs)), key=lambda i: diffs[i].excess)
+    failing = [i for i, d in enumerate(diffs) if not d.ok]
+    return ListDiff(
+        max(d.max_abs for d in diffs),
+        max(d.max_rel for d in diffs),
+        names[worst],
+        names[failing[0]] if failing else None,
+        len(failing),
+    )
+
+
+def tolerance_for(original: dict, converted: list[dict], rtol, atol) -> tuple[float, float, str]:
+    initial = original["initial"].get(0) or []
+    dtype = str(initial[0].dtype).replace("torch.", "") if initial else "float32"
+    amp = original["flags"].get("amp") or converted[0]["flags"].get("amp")
+    default = AMP_TOLERANCES.get(amp) if amp else None
+    default = default or TOLERANCES.get(dtype, TOLERANCES["float32"])
+    chosen = (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
+    label = f"{'autocast ' + amp if amp else dtype}: rtol {chosen[0]:g}, atol {chosen[1]:g}"
+    return chosen[0], chosen[1], label
+
+
+def compare_runs(
+    original: dict,
+    converted: list[dict],
+    nproc: int,
+    batch_policy: str,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Comparison:
+    result = Comparison()
+    rtol, atol, label = tolerance_for(original, converted, rtol, atol)
+    result.tolerance = (rtol, atol)
+    result.notes.append(f"tolerance ({label})")
+    read_flags(original, converted, nproc, result)
+    ranks = {(s["optimizer"], s["step"]): s for s in original["steps"]}
+    converted_steps = [{(s["optimizer"], s["step"]): s for s in r["steps"]} for r in converted]
+    keys = [k for k in ranks if all(k in steps for steps in converted_steps)]
+    if len(keys) < len(ranks) or any(len(steps) > len(keys) for steps in converted_steps):
+        result.notes.append(
+            f"compared the {len(keys)} optimizer steps both runs reached "
+            f"(original {len(ranks)}, converted {len(converted_steps[0])})"
+        )
+    check_batch_policy(original, converted[0], nproc, batch_policy, result)
+    for key in keys:
+        step_checks(
+            key,
+            ranks[key],
+            [steps[key] for steps in converted_steps],
+            original,
+            converted,
+            rtol,
+            atol,
+            result,
+        )
+    final_checks(original, converted, keys, rtol, atol, result)
+    return result
+
+
+def read_flags(original: dict, converted: list[dict], nproc: int, result: Comparison) -> None:
+    def any_flag(name: str, records: list[dict]):
+        return next((r["flags"][name] for r in records if r["flags"].get(name)), None)
+
+    both = [original, *converted]
+    if nproc > 1 and any_flag("batch_norm", converted):
+        result.inconclusive.append(
+            "BatchNorm in training mode without SyncBatchNorm: each process normalises with its "
+            "own batch statistics, so the gradients legitimately differ from the original's "
+            "(SyncBatchNorm needs CUDA)"
+        )
+    loss = any_flag("sum_loss", both)
+    if loss:
+        result.inconclusive.append(
+            f"sum-reduced loss ({loss}, reduction='sum'): DDP averages gradients over processes, "
+            "so each step gives 1/N of the original's gradient by design"
+        )
+    if any_flag("augmentation", both):
+        result.inconclusive.append(
+            "the data pipeline draws random numbers (random augmentation?): the N processes "
+            "cannot draw the numbers the single process drew"
+        )
+    if any_flag("loop_rng", both):
+        result.inconclusive.append(
+            "the training loop draws random numbers between optimizer steps (random batches, "
+            "noise, torch.dropout outside nn.functional): they differ between 1 and N processes"
+        )
+    sampler = any_flag("unaligned_sampler", both)
+    if sampler:
+        result.inconclusive.append(f"data order could not be aligned: {sampler}")
+    dropout = any_flag("dropout", both)
+    if dropout:
+        result.notes.append(
+            "dropout switched off in both runs (its masks cannot be made equal across 1 and N "
+            "processes)"
+        )
+    amp = any_flag("amp", both)
+    if amp:
+        result.notes.append(f"autocast ({amp}) is on: compared at the looser AMP tolerance")
+    for index, info in enumerate(original["optimizers"]):
+        scale = info.get("lr_scale")
+        if scale not in (None, 1.0):
+            result.notes.append(
+                f"optimizer {index} ({info['class']}): the original's learning rate was "
+                f"multiplied by {scale:g} to match the migration's LR scaling"
+            )
+
+
+def training_loader(record: dict) -> dict | None:
+    for step in record["steps"]:
+        if step.get("loader") is not None:
+            return record["loaders"][step["loader"]]
+    return None
+
+
+def check_batch_policy(original, converted, nproc, batch_policy, result) -> None:
+    ours, theirs = training_loader(original), training_loader(converted)
+    if ours is None or theirs is None:
+        result.caveats.append(
+            "no DataLoader feeds the training loop: the batches are compared as the scripts "
+            "make them, and the batch size is not adjusted"
+        )
+        return
+    native, per_process = ours["batch_size"], theirs["batch_size"]
+    if native is None or per_process is None:
+        result.caveats.append("a custom batch_sampler sets the batch size: not adjusted")
+        return
+    policy = ours.get("policy") or batch_policy
+    result.notes.append(
+        f"batch policy {policy}: original batch {native} run at {ours['used_batch_size']}, "
+        f"{per_process} per process x {nproc} processes"
+    )
+    expected = native if policy == "per-rank" else native // nproc
+    if (
+        ours.get("policy") is None
+        or per_process != expected
+        or per_process * nproc != ours["used_batch_size"]
+    ):
+        result.findings.append(
+            Finding(
+                1,
+                "batch size",
+                None,
+                f"the converted script uses batch {per_process} per process; the {policy} "
+                f"policy expects {expected} (original batch {native}, {nproc} processes)",
+            )
+        )
+
+
+def step_checks(key, ours, theirs, original, converted, rtol, atol, result) -> None:
+    optimizer, step = key
+    names = original["names"].get(optimizer) or []
+    check_lr(step, ours, theirs[0], result)
+    check_data(step, ours, theirs, original, converted, result)
+    if step == 1:
+        initial = original["initial"][optimizer]
+        ranks_initial = [r["initial"][optimizer] for r in converted]
+        diff = list_diff(names, ranks_initial[0], initial, rtol, atol)
+        result.rows.append(row(step, "initial weights", diff, optimizer))
+        if not diff.ok:
+            result.findings.append(
+                Finding(
+                    step,
+                    "initial weights",
+                    diff.first_failing,
+                    f"the converted script starts from other weights than the original "
+                    f"({diff.failing} parameter(s) differ, first {diff.first_failing})",
+                )
+            )
+        check_ranks(step, "initial weights", names, ranks_initial, rtol, atol, result)
+    grads = [s["grads"] for s in theirs]
+    check_ranks(step, "gradients", names, grads, rtol, atol, result)
+    diff = list_diff(names, grads[0], ours["grads"], rtol, atol)
+    result.rows.append(row(step, "gradients", diff, optimizer))
+    if not diff.ok:
+        message = (
+            f"gradients differ from the original's ({diff.failing} parameter(s), "
+            f"first {diff.first_failing}, max abs {diff.max_abs:.3g})"
+        )
+        factor = constant_factor(grads[0], ours["grads"])
+        if factor is not None:
+            message += (
+                f"; they are {factor:.4g}x the original's (a loss or gradient scaled by "
+                "the number of processes?)"
+            )
+        result.gradient_findings.append(Finding(step, "gradients", diff.first_failing, message))
+
+
+def row(step: int, compared: str, diff: ListDiff, optimizer: int) -> StepRow:
+    return StepRow(step, compared, diff.max_abs, diff.max_rel, diff.worst, diff.ok, optimizer)
+
+
+def check_lr(step: int, ours: dict, theirs: dict, result: Comparison) -> None:
+    expected, actual = ours["lrs"], theirs["lrs"]
+    if len(expected) == len(actual) and all(
+        abs(a - e) <= 1e-9 * max(1.0, abs(e)) for a, e in zip(actual, expected)
+    ):
+        return
+    native = ours["native_lrs"]
+    ratio = actual[0] / native[0] if native and native[0] else float("nan")
+    result.findings.append(
+        Finding(
+            step,
+            "learning rate",
+            None,
+            f"the converted script steps with lr {fmt_list(actual)}, the original with "
+            f"{fmt_list(native)} (x{ratio:.4g}); no LR scaling of the batch policy explains "
+            "it: pass --lr-scale if it is deliberate",
+        )
+    )
+
+
+def check_data(step, ours, theirs, original, converted, result) -> None:
+    if ours.get("data") is None or any(s.get("data") is None for s in theirs):
+        return
+    if any(r["flags"].get("augmentation") for r in [original, *converted]):
+        return
+    total = [sum(s["data"][i] for s in theirs) for i in range(3)]
+    mine = ours["data"]
+    scale = DATA_RTOL * (abs(mine[2]) + 1.0)
+    if (
+        mine[0] == total[0]
+        and abs(mine[1] - total[1]) <= scale
+        and abs(mine[2] - total[2]) <= scale
+    ):
+        return
+    message = f"the {len(theirs)} processes together did not see the original's batch ("
+    if mine[0] == total[0]:
+        message += f"{int(mine[0])} samples, but not the same ones)"
+    else:
+        message += f"{int(total[0])} samples against {int(mine[0])})"
+    if len(theirs) > 1 and all(s["data"] == theirs[0]["data"] for s in theirs[1:]):
+        message += "; every process saw the same batch (no DistributedSampler?)"
+    elif step > 1 and not any(f.what == "data" for f in result.findings):
+        message += "; the earlier steps agreed (DistributedSampler.set_epoch missing?)"
+    result.findings.append(Finding(step, "data", None, message))
+
+
+def check_ranks(step, what, names, per_rank: list[list], rtol, atol, result) -> None:
+    for rank in range(1, len(per_rank)):
+        diff = list_diff(names, per_rank[rank], per_rank[0], rtol, atol)
+        if not diff.ok:
+            result.findings.append(
+                Finding(
+                    step,
+                    "ranks",
+                    diff.first_failing,
+                    f"{what} of rank {rank} differ from rank 0's ({diff.failing} "
+                    f"parameter(s), first {diff.first_failing}): the processes are not "
+                    "training one model (no DDP broadcast or gradient all-reduce?)",
+                )
+            )
+            return
+
+
+def final_checks(original, converted, keys, rtol, atol, result) -> None:
+    if not keys or not all(r["final"] for r in (original, *converted)):
+        return
+    last = max(step for _, step in keys)
+    for optimizer, params in original["final"].items():
+        if any(optimizer not in r["final"] for r in converted):
+            continue
+        names = original["names"].get(optimizer) or []
+        finals = [r["final"][optimizer] for r in converted]
+        check_ranks(last, f"weights after step {last}", names, finals, rtol, atol, result)
+        diff = list_diff(names, finals[0], params, rtol, atol)
+        result.rows.append(row(last, f"weights after step {last}", diff, optimizer))
+        if not diff.ok:
+            result.gradient_findings.append(
+                Finding(
+                    last,
+                    "weights",
+                    diff.first_failing,
+                    f"weights after step {last} differ ({diff.failing} parameter(s), first "
+                    f"{diff.first_failing})",
+                )
+            )
+
+
+def constant_factor(actual: list, expected: list) -> float | None:
+    """c when the converted gradients are c times the original's, c clearly not 1."""
+    import torch
+
+    pairs = [(a, e) for a, e in zip(actual, expected) if a is not None and e is not None]
+    if not pairs or any(a.shape != e.shape for a, e in pairs):
+        return None
+    a = torch.cat([a.double().flatten() for a, _ in pairs])
+    e = torch.cat([e.double().flatten() for _, e in pairs])
+    norm = float(e.dot(e))
+    if norm == 0:
+        return None
+    factor = float(a.dot(e)) / norm
+    if abs(factor - 1) < 1e-3 or float((a - factor * e).norm()) > 1e-4 * float(a.norm()):
+        return None
+    return factor
+
+
+def fmt_list(values: list[float]) -> str:
+    return ", ".join(f"{v:g}" for v in values)

@@ -1,0 +1,125 @@
+"""VerifyResult: the verdict, the per-step table, and how to print them (full text or JSON)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from ddpify.verify.compare import Finding, StepRow
+
+EXIT_MATCH, EXIT_MISMATCH, EXIT_COULD_NOT_RUN = 0, 1, 2
+OUTPUT_TAIL_LINES = 40
+
+
+@dataclass
+class VerifyResult:
+    exit_code: int
+    verdict: str  # "match", "mismatch", "inconclusive" or "error"
+    message: str
+    steps: list[StepRow] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    original_output: str = ""
+    converted_output: str = ""
+    failed_run: str | None = None  # "original" or "converted" when one could not run
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def first_mismatch(self) -> Finding | None:
+        with_parameter = [f for f in self.findings if f.parameter]
+        return min(with_parameter, key=lambda f: f.step or 0, default=None)
+
+    def render(self, stream: TextIO, fmt: str = "full") -> None:
+        if fmt == "json":
+            json.dump(self.as_dict(), stream, indent=2)
+            stream.write("\n")
+            return
+        stream.write(render_text(self))
+
+    def as_dict(self) -> dict:
+        first = self.first_mismatch
+        return {
+            "exit_code": self.exit_code,
+            "verdict": self.verdict,
+            "message": self.message,
+            "first_mismatch": first.as_dict() if first else None,
+            "findings": [f.as_dict() for f in self.findings],
+            "inconclusive": self.inconclusive,
+            "notes": self.notes,
+            "steps": [r.as_dict() for r in self.steps],
+            "settings": self.settings,
+            "seconds": self.seconds,
+            "failed_run": self.failed_run,
+            "original_output": self.original_output,
+            "converted_output": self.converted_output,
+        }
+
+
+def number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.2e}"
+
+
+def render_text(result: VerifyResult) -> str:
+    lines = []
+    settings = result.settings
+    if settings:
+        lines.append(
+            f"ddpify verify: {settings.get('original')} (1 process) vs "
+            f"{settings.get('converted')} ({settings.get('nproc')} processes), "
+            f"{settings.get('steps')} optimizer steps"
+        )
+    if result.steps:
+        lines.append("")
+        lines.append(
+            f"{'step':>4}  {'compared':<22}{'max abs':>10}{'max rel':>10}  "
+            f"{'worst parameter':<28}result"
+        )
+        for row in result.steps:
+            optimizer = f" (opt {row.optimizer})" if row.optimizer else ""
+            lines.append(
+                f"{row.step:>4}  {(row.compared + optimizer):<22}{number(row.max_abs):>10}"
+                f"{number(row.max_rel):>10}  {(row.worst or '-'):<28}"
+                f"{'ok' if row.ok else 'FAIL'}"
+            )
+        lines.append("")
+    lines.extend(finding_lines(result.findings))
+    for reason in result.inconclusive:
+        lines.append(f"  ? {reason}")
+    for note in result.notes:
+        lines.append(f"  - {note}")
+    if result.failed_run:
+        output = (
+            result.original_output if result.failed_run == "original" else result.converted_output
+        )
+        tail = output.rstrip().splitlines()[-OUTPUT_TAIL_LINES:]
+        lines.append("")
+        lines.append(f"--- last {len(tail)} lines of the {result.failed_run} run's output ---")
+        lines.extend(tail)
+        lines.append("---")
+    lines.append(f"{result.verdict.upper()}: {result.message}")
+    return "\n".join(lines) + "\n"
+
+
+def finding_lines(findings: list[Finding]) -> list[str]:
+    """The first finding of each kind in full; its repeats at later steps as step numbers."""
+    first: dict[str, Finding] = {}
+    later: dict[str, list[int]] = {}
+    for finding in sorted(findings, key=lambda f: f.step or 0):
+        if finding.what in first:
+            later[finding.what].append(finding.step or 0)
+        else:
+            first[finding.what], later[finding.what] = finding, []
+    lines = []
+    for what, finding in first.items():
+        where = f"step {finding.step}: " if finding.step else ""
+        again = later[what]
+        also = f" (again at step{'s' if len(again) > 1 else ''} {', '.join(map(str, again))})"
+        lines.append(f"  x {where}{what}: {finding.message}{also if again else ''}")
+    return lines

@@ -1,0 +1,258 @@
+"""run_verify: run the converted script under torchrun, then the original, and compare."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from ddpify.verify.compare import Comparison, compare_runs
+from ddpify.verify.launcher import RunOutcome, launch, probe_command, probe_environment
+from ddpify.verify.report import (
+    EXIT_COULD_NOT_RUN,
+    EXIT_MATCH,
+    EXIT_MISMATCH,
+    VerifyResult,
+)
+
+BATCH_POLICIES = ("per-rank", "global", "auto")
+DEFAULT_TIMEOUT = 300.0
+
+
+class CouldNotRun(Exception):
+    def __init__(self, message: str, role: str | None = None) -> None:
+        super().__init__(message)
+        self.role = role
+
+
+def run_verify(
+    original: Path,
+    converted: Path,
+    *,
+    nproc: int = 2,
+    steps: int = 3,
+    script_args: Sequence[str] = (),
+    batch_policy: str = "per-rank",
+    lr_scale: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    cwd: Path | None = None,
+    converted_source: str | None = None,
+) -> VerifyResult:
+    """Run ORIGINAL on one process and CONVERTED on `nproc`, compare `steps` optimizer steps.
+
+    `timeout` applies to each of the two runs. `converted_source`, when given, is run in place
+    of the file's contents (the file need not exist; its directory is the script's directory),
+    which lets `migrate --verify` check a migration before writing it.
+    """
+    original, converted = Path(original), Path(converted)
+    if batch_policy not in BATCH_POLICIES:
+        raise ValueError(f"batch_policy must be one of {BATCH_POLICIES}, not {batch_policy!r}")
+    settings = {
+        "original": str(original),
+        "converted": str(converted),
+        "nproc": nproc,
+        "steps": steps,
+        "batch_policy": batch_policy,
+        "lr_scale": lr_scale,
+        "script_args": list(script_args),
+        "timeout": timeout,
+    }
+    result = VerifyResult(EXIT_COULD_NOT_RUN, "error", "", settings=settings)
+    problem = preflight(original, converted, converted_source, nproc, steps)
+    if problem:
+        result.message = problem
+        return result
+    # The runs take seconds of torch imports each; importing torch here meanwhile is free.
+    torch_import = threading.Thread(target=importlib.import_module, args=("torch",), daemon=True)
+    torch_import.start()
+    with tempfile.TemporaryDirectory(prefix="ddpify-verify-") as work:
+        session = Session(Path(work), Path(cwd or Path.cwd()), list(script_args), timeout, result)
+        try:
+            conv = session.run_converted(converted, converted_source, nproc, steps)
+            session.run_original(original, conv[0], nproc, steps, batch_policy, lr_scale)
+        except CouldNotRun as exc:
+            result.message = str(exc)
+            result.failed_run = exc.role
+            return result
+        torch_import.join()
+        orig = session.load("original", 1)[0]
+        conv = session.load("converted", nproc)
+    comparison = compare_runs(orig, conv, nproc, batch_policy, rtol, atol)
+    settings["tolerance"] = {"rtol": comparison.tolerance[0], "atol": comparison.tolerance[1]}
+    return conclude(result, comparison, steps)
+
+
+def preflight(original, converted, converted_source, nproc, steps) -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "ddpify verify needs PyTorch, which is not installed: pip install 'ddpify[verify]'"
+    if nproc < 1 or steps < 1:
+        return "--nproc and --steps must be at least 1"
+    for path in (original, converted) if converted_source is None else (original,):
+        if not path.is_file():
+            return f"{path}: no such file"
+    return None
+
+
+class Session:
+    """The two runs of one verify, sharing a work directory and the device decision."""
+
+    def __init__(self, work: Path, cwd: Path, script_args, timeout, result) -> None:
+        self.work, self.cwd, self.script_args, self.timeout = work, cwd, script_args, timeout
+        self.result = result
+        self.extra_env: dict[str, str] = {}
+
+    def choose_device(self, nproc: int) -> None:
+        gpus = visible_gpus()
+        if 0 < gpus < nproc:
+            self.extra_env["CUDA_VISIBLE_DEVICES"] = ""
+            self.result.notes.append(
+                f"{gpus} GPU(s) for {nproc} processes: both runs on CPU (gloo)"
+            )
+        self.result.settings["device"] = "cuda" if gpus >= nproc else "cpu"
+
+    def run_converted(self, converted, source, nproc, steps) -> list[dict]:
+        """Run the converted script; returns the ranks' summaries (see probe.Probe.summary)."""
+        self.choose_device(nproc)
+        script = converted
+        if source is not None:
+            script = self.work / "converted_source.py"
+            script.write_text(source, encoding="utf-8")
+        config = {
+            "role": "converted",
+            "steps": steps,
+            "nproc": nproc,
+            "display_path": str(converted.resolve()),
+        }
+        outcome = self.launch("converted", script, config, nproc)
+        self.result.converted_output = outcome.output
+        return self.records("converted", outcome, nproc, steps)
+
+    def run_original(self, original, converted0, nproc, steps, batch_policy, lr_scale) -> None:
+        per_rank_scales = [1.0, float(nproc), math.sqrt(nproc)]
+        config = {
+            "role": "original",
+            "steps": steps,
+            "nproc": nproc,
+            "batch_policy": batch_policy,
+            "lr_scale": lr_scale,
+            "lr_scale_candidates": [1.0] if batch_policy == "global" else per_rank_scales,
+            "converted_batch_sizes": converted0["batch_sizes"],
+            "converted_lrs": converted0["first_lrs"],
+            "display_path": str(original.resolve()),
+        }
+        outcome = self.launch("original", original, config, None)
+        self.result.original_output = outcome.output
+        self.records("original", outcome, 1, steps)
+
+    def launch(self, role: str, script: Path, config: dict, nproc: int | None) -> RunOutcome:
+        out_dir = self.work / role
+        out_dir.mkdir()
+        config = {**config, "out_dir": str(out_dir)}
+        config_path = self.work / f"{role}.json"
+        config_path.write_text(json.dumps(config), encoding="utf-8")
+        outcome = launch(
+            probe_command(script.resolve(), self.script_args, nproc),
+            probe_environment(config_path, self.extra_env),
+            self.cwd,
+            self.work / f"{role}.log",
+            out_dir / "pids",
+            self.timeout,
+        )
+        self.result.seconds[role] = round(outcome.seconds, 2)
+        if outcome.timed_out:
+            raise CouldNotRun(
+                f"the {role} run timed out after {self.timeout:g} s (a hang, or too slow: raise "
+                "--timeout); its processes were stopped",
+                role,
+            )
+        return outcome
+
+    def load(self, role: str, nproc: int) -> list[dict]:
+        import torch
+
+        paths = [self.work / role / f"{role}-rank{rank}.pt" for rank in range(nproc)]
+        return [torch.load(path, weights_only=True) for path in paths]
+
+    def records(self, role: str, outcome: RunOutcome, nproc: int, steps: int) -> list[dict]:
+        paths = [self.work / role / f"{role}-rank{rank}.json" for rank in range(nproc)]
+        records = [json.loads(p.read_text(encoding="utf-8")) for p in paths if p.is_file()]
+        # The first rank to fail is the cause; the others fail in collectives after it.
+        errors = sorted((r for r in records if r["status"] == "error"), key=lambda r: r["time"])
+        if errors or outcome.returncode != 0 or len(records) < nproc:
+            detail = f" (rank {errors[0]['rank']})" if errors else ""
+            raise CouldNotRun(
+                f"the {role} script crashed{detail}, exit status {outcome.returncode}: "
+                f"{last_error_line(errors, outcome.output)}",
+                role,
+            )
+        reached = min(r["steps"] for r in records)
+        if reached == 0:
+            raise CouldNotRun(
+                f"the {role} script ended without an optimizer step (no optimizer.step() "
+                "reached: check the script arguments, e.g. the number of epochs or the data)",
+                role,
+            )
+        if reached < steps:
+            self.result.notes.append(f"the {role} script ended after {reached} of {steps} steps")
+        return records
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs the runs would see, without importing torch (Linux; 0 elsewhere)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def last_error_line(errors: list[dict], output: str) -> str:
+    text = errors[0]["error"] if errors and errors[0].get("error") else output
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line:
+            return line.strip()
+    return lines[-1].strip() if lines else "no output"
+
+
+def conclude(result: VerifyResult, comparison: Comparison, steps: int) -> VerifyResult:
+    result.steps = comparison.rows
+    result.findings = comparison.findings + comparison.gradient_findings
+    result.inconclusive = comparison.inconclusive
+    result.notes = comparison.notes + result.notes
+    uncertain = comparison.inconclusive + comparison.caveats
+    rtol, atol = comparison.tolerance
+    if comparison.findings:
+        first = min(comparison.findings, key=lambda f: f.step or 0)
+        result.exit_code, result.verdict = EXIT_MISMATCH, "mismatch"
+        result.message = f"step {first.step}: {first.what}: {first.message}"
+    elif comparison.gradient_findings and not uncertain:
+        first = comparison.gradient_findings[0]
+        result.exit_code, result.verdict = EXIT_MISMATCH, "mismatch"
+        result.message = f"step {first.step}: {first.message}"
+    elif comparison.gradient_findings or comparison.inconclusive:
+        result.exit_code, result.verdict = EXIT_COULD_NOT_RUN, "inconclusive"
+        result.inconclusive = comparison.inconclusive + (
+            comparison.caveats if comparison.gradient_findings else []
+        )
+        what = "the runs differ" if comparison.gradient_findings else "the runs agree"
+        result.message = f"{what}, but the comparison cannot be trusted: " + "; ".join(
+            reason.split(":")[0] for reason in result.inconclusive
+        )
+    else:
+        result.exit_code, result.verdict = EXIT_MATCH, "match"
+        compared = len([r for r in comparison.rows if r.compared == "gradients"])
+        result.message = (
+            f"gradients match at all {compared} steps and the weights after them "
+            f"(rtol {rtol:g}, atol {atol:g})"
+        )
+        result.notes.extend(comparison.caveats)
+    return result

@@ -1,0 +1,191 @@
+"""ddpify verify end to end: the scripts really run, one process against torchrun with two.
+
+CPU and gloo by default; the `gpu` variants run the same fixtures with NCCL when two CUDA
+devices are present (the fixtures pick nccl and cuda:LOCAL_RANK themselves).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpify.verify import run_verify
+from ddpify.verify.markers import read_markers
+from tests.helpers import FIXTURES, ROOT
+
+torch = pytest.importorskip("torch")
+
+VERIFY = FIXTURES / "verify"
+MLP = VERIFY / "mlp"
+BROKEN = VERIFY / "broken"
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+pytestmark = pytest.mark.torchrun
+
+# (converted script, first step that goes wrong, first parameter that goes wrong, finding kind)
+PLANTED_BUGS = [
+    ("bug_no_sampler.py", 1, "encoder.0.weight", "data"),
+    ("bug_loss_divided.py", 1, "encoder.0.weight", "gradients"),
+    ("bug_rank_weights.py", 1, "head.weight", "ranks"),
+    ("bug_no_grad_average.py", 1, "encoder.0.weight", "gradients"),
+    ("bug_no_set_epoch.py", 3, "encoder.0.weight", "data"),
+]
+
+
+def verify(converted: Path, tmp_path: Path, original: Path = MLP / "original.py", **options):
+    markers = read_markers(converted.read_text())
+    options.setdefault("batch_policy", markers.batch_policy or "auto")
+    options.setdefault("lr_scale", markers.lr_scale(options.get("nproc", 2)))
+    return run_verify(original, converted, cwd=tmp_path, **options)
+
+
+def cpu_and_gpu(test):
+    """Run the test on CPU/gloo, and again on CUDA/NCCL where two GPUs are present."""
+    gpu = pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA devices")],
+    )
+    return pytest.mark.parametrize("device", ["cpu", gpu])(test)
+
+
+@pytest.fixture
+def device_env(device, monkeypatch):
+    if device == "cpu":
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    return device
+
+
+@cpu_and_gpu
+def test_correct_conversion_matches(device_env, tmp_path):
+    result = verify(MLP / "converted.py", tmp_path)
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    gradients = [row for row in result.steps if row.compared == "gradients"]
+    assert [row.step for row in gradients] == [1, 2, 3]
+    assert all(row.ok for row in result.steps)
+    assert any("multiplied by 2" in note for note in result.notes)  # linear LR scaling
+    assert not (tmp_path / "mlp.pt").exists()  # stopped after 3 steps, before the save
+
+
+@pytest.mark.parametrize("converted", [name for name, *_ in PLANTED_BUGS])
+@cpu_and_gpu
+def test_planted_bug_fails_at_its_step_and_parameter(converted, device_env, tmp_path):
+    _, step, parameter, kind = next(bug for bug in PLANTED_BUGS if bug[0] == converted)
+    result = verify(MLP / converted, tmp_path)
+    assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
+    first = result.first_mismatch
+    assert (first.step, first.parameter) == (step, parameter)
+    assert any(f.what == kind and f.step == step for f in result.findings)
+
+
+@cpu_and_gpu
+def test_batchnorm_without_syncbn_is_inconclusive_on_cpu(device_env, tmp_path):
+    result = verify(VERIFY / "bn" / "converted.py", tmp_path, VERIFY / "bn" / "original.py")
+    if device_env == "cuda":  # the conversion uses SyncBatchNorm on CUDA: a real comparison
+        assert result.exit_code == 0, result.message
+        return
+    assert (result.exit_code, result.verdict) == (2, "inconclusive")
+    assert "BatchNorm" in result.message
+
+
+def test_cli_reads_global_policy_markers_and_prints_json(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddpify",
+            "verify",
+            str(MLP / "original.py"),
+            str(MLP / "converted_global.py"),
+            "--output-format",
+            "json",
+            "--",
+            "--epochs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, report["message"]
+    assert report["verdict"] == "match"
+    assert report["settings"]["batch_policy"] == "global"
+    assert any("original batch 8 run at 8, 4 per process" in note for note in report["notes"])
+
+
+def test_crash_exits_2_with_the_scripts_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = verify(BROKEN / "crash_converted.py", tmp_path)
+    assert (result.exit_code, result.verdict, result.failed_run) == (2, "error", "converted")
+    assert "converted script crashed" in result.message
+    assert "history" in result.message  # the script's own error, not ours
+    assert "UnboundLocalError" in result.converted_output
+
+
+def test_no_optimizer_step_exits_2(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = verify(MLP / "converted.py", tmp_path, script_args=["--epochs", "0"])
+    assert result.exit_code == 2
+    assert "without an optimizer step" in result.message
+
+
+def probe_processes(script: Path) -> list[int]:
+    """Live processes whose command line names `script` (the probe runs it by path)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(script).encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_timeout_exits_2_and_leaves_no_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    hang = BROKEN / "hang_converted.py"
+    result = verify(hang, tmp_path, timeout=25)
+    assert (result.exit_code, result.failed_run) == (2, "converted")
+    assert "timed out after 25 s" in result.message
+    assert probe_processes(hang) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_leaves_no_process(tmp_path):
+    hang = BROKEN / "hang_converted.py"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    ddpify = subprocess.Popen(
+        [sys.executable, "-m", "ddpify", "verify", str(MLP / "original.py"), str(hang)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while len(probe_processes(hang)) < 3 and time.monotonic() < deadline:  # agent + 2 workers
+        time.sleep(0.5)
+    assert len(probe_processes(hang)) >= 3, "the workers never started"
+    ddpify.send_signal(signal.SIGINT)
+    assert ddpify.wait(timeout=60) == 130
+    assert probe_processes(hang) == []
+
+
+def test_lr_scaling_is_a_mismatch_under_the_global_policy(tmp_path, monkeypatch):
+    """The per-rank conversion scales the LR by N and keeps the batch: wrong for `global`."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = run_verify(
+        MLP / "original.py", MLP / "converted.py", batch_policy="global", cwd=tmp_path
+    )
+    assert result.exit_code == 1
+    assert {f.what for f in result.findings} >= {"batch size", "learning rate"}
