@@ -146,3 +146,8 @@ def test_string_prefix_reads_the_start_of_an_f_string():
     assert string_prefix(cst.parse_expression('f"tcp://{host}:{port}"')) == "tcp://"
     assert string_prefix(cst.parse_expression('"env://"')) == "env://"
     assert string_prefix(cst.parse_expression("url")) is None
+
+
+def test_ddp004_values_from_an_opaque_helper_stay_info_under_torchrun():
+    found = severities(CASES / "DDP004" / "unknown_values.py", "DDP004")
+    assert found == [Severity.INFO]

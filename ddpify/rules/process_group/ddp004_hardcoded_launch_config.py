@@ -181,10 +181,16 @@ class HardcodedLaunchConfig(Rule):
                 f"`{written}` overrides what torchrun provides; drop it so env:// reads RANK "
                 "and WORLD_SIZE"
             )
-            info = (
-                f"`{written}` is passed explicitly: right for an mp.spawn launcher, but drop "
-                "it when launching with torchrun"
-            )
+            if self.spawns:
+                info = (
+                    f"`{written}` is passed explicitly: right for an mp.spawn launcher, but "
+                    "drop it when launching with torchrun"
+                )
+            else:
+                info = (
+                    f"`{written}` is passed explicitly; if torchrun launches this script, drop "
+                    "it so env:// reads RANK and WORLD_SIZE"
+                )
             literal = any(_is_int(arg.value) for arg in args)
             if _one_process(call):
                 info = None  # `rank=0, world_size=1`: a one-process group, e.g. for tests
