@@ -2,7 +2,7 @@ import enum
 
 import libcst as cst
 
-from ddpify.analysis.loaders import DISTRIBUTED_SAMPLER, LoaderCall, LoaderFacts
+from ddpify.analysis.loaders import LoaderCall, LoaderFacts
 from ddpify.analysis.names import dotted
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
@@ -85,10 +85,8 @@ def _kind(sources: list[cst.BaseExpression], facts: LoaderFacts) -> _Kind:
         if is_none(source):
             continue
         sampler = samplers.get(source) if isinstance(source, cst.Call) else None
-        if sampler is None or facts.imports.qualify(source.func) != DISTRIBUTED_SAMPLER:
-            return _Kind.OTHER
-        shuffles = sampler.shuffles
-        if shuffles is None:
+        shuffles = sampler.shuffles if sampler is not None else None
+        if shuffles is None:  # not a DistributedSampler, or its shuffle is computed
             return _Kind.OTHER
         kinds.add(_Kind.SHUFFLING if shuffles else _Kind.ORDERED)
     return _Kind.ORDERED if _Kind.ORDERED in kinds else _Kind.SHUFFLING
