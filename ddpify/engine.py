@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import tokenize
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider, WhitespaceInclusivePositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
-from ddpify.rules.base import Report, Rule
+from ddpify.rules.base import NodeFix, Report, Rule
 from ddpify.walk import walk
 
 PARSE_ERROR_CODE = "DDP000"
@@ -180,7 +181,7 @@ def check_source(
     reports = run_rules(module, rule_types, result.crashes)
     if reports:
         lines = physical_lines(text)
-        diagnostics = _to_diagnostics(module, reports, filename, lines)
+        diagnostics = _to_diagnostics(module, reports, filename, text, lines)
         result.diagnostics = _filter_noqa(diagnostics, text, lines)
     return result
 
@@ -194,14 +195,10 @@ def check_bytes(data: bytes, filename: str, rule_types: Sequence[type[Rule]]) ->
 
 
 def _to_diagnostics(
-    module: cst.Module, reports: list[Report], filename: str, lines: list[str]
+    module: cst.Module, reports: list[Report], filename: str, text: str, lines: list[str]
 ) -> list[Diagnostic]:
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    providers = [PositionProvider]
-    if any(report.fix for report in reports):
-        providers.append(WhitespaceInclusivePositionProvider)
-    metadata = wrapper.resolve_many(providers)
-    positions = metadata[PositionProvider]
+    positions = _positions(module)
+    renderer = _FixRenderer(module, text, positions) if any(r.fix for r in reports) else None
     out = []
     for report in reports:
         span = positions[report.node]
@@ -209,16 +206,9 @@ def _to_diagnostics(
         end = Location(span.end.line, span.end.column + 1)
         fix = None
         if report.fix is not None:
-            inclusive = metadata[WhitespaceInclusivePositionProvider]
-            edits = tuple(
-                Edit(
-                    module.code_for_node(new),
-                    Location(inclusive[old].start.line, inclusive[old].start.column + 1),
-                    Location(inclusive[old].end.line, inclusive[old].end.column + 1),
-                )
-                for old, new in report.fix.replacements
-            )
-            fix = Fix(report.fix.message, report.fix.applicability, edits)
+            edit = renderer.edit(report.fix)
+            if edit is not None:
+                fix = Fix(report.fix.message, report.fix.applicability, (edit,))
         rule = report.rule
         out.append(
             Diagnostic(
@@ -235,6 +225,140 @@ def _to_diagnostics(
         )
     out.sort(key=lambda d: (d.location, d.code))
     return out
+
+
+def _positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
+    """PositionProvider's result. Called directly: MetadataWrapper first walks the whole
+    tree for batchable providers, of which there are none here, doubling the cost."""
+    provider = PositionProvider()
+    try:
+        provider._gen_impl(module)
+        return provider._computed
+    except AttributeError:  # libcst internals moved: take the public road
+        return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+
+
+def _parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = []
+
+    def enter(node: cst.CSTNode) -> None:
+        if stack:
+            parents[node] = stack[-1]
+        stack.append(node)
+
+    walk(module, enter, lambda node: stack.pop())
+    return parents
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements: dict[cst.CSTNode, cst.CSTNode]) -> None:
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        return self.replacements.get(original_node, updated_node)
+
+
+def _with_child(parent: cst.CSTNode, child: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+    for attribute in dataclasses.fields(parent):
+        value = getattr(parent, attribute.name)
+        if value is child:
+            return parent.with_changes(**{attribute.name: new})
+        if isinstance(value, (tuple, list)) and any(item is child for item in value):
+            items = [new if item is child else item for item in value]
+            items = [item for item in items if item is not cst.RemovalSentinel.REMOVE]
+            return parent.with_changes(**{attribute.name: type(value)(items)})
+    raise ValueError(f"{type(child).__name__} is not a child of {type(parent).__name__}")
+
+
+def _replace_along_path(
+    top: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode, parents: Mapping
+) -> cst.CSTNode:
+    """`top` with `old` replaced, rebuilding only the nodes between them (a transformer
+    would rebuild the whole statement)."""
+    while old is not top:
+        parent = parents[old]
+        old, new = parent, _with_child(parent, old, new)
+    return new
+
+
+class _FixRenderer:
+    """Turns node replacements into one text edit each, rendered in place.
+
+    A replacement is rendered inside its top-level statement (or the whole module), so
+    it picks up the indentation of the block it lands in; the edit is the region where
+    that rendering differs from the original text.
+    """
+
+    def __init__(self, module: cst.Module, text: str, positions: Mapping) -> None:
+        self.module = module
+        self.text = text
+        self.positions = positions
+        self.parents = _parents(module)
+        self.row_offsets = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
+        self.body_index = {id(statement): i for i, statement in enumerate(module.body)}
+
+    def edit(self, fix: NodeFix) -> Edit | None:
+        replacements = dict(fix.replacements)
+        tops = {self._top_level(old) for old in replacements}
+        statement = tops.pop() if len(tops) == 1 else None
+        if statement is None:
+            return _diff(self.text, self.module.visit(_Replace(replacements)).code, 1)
+        if len(replacements) == 1:
+            [(old, new)] = replacements.items()
+            rendered = _replace_along_path(statement, old, new, self.parents)
+        else:
+            rendered = statement.visit(_Replace(replacements))
+        index = self.body_index[id(statement)]
+        row = self._first_row(index)
+        start = self.row_offsets[row - 1]
+        end = self._end_offset(index)
+        return _diff(self.text[start:end], self.module.code_for_node(rendered), row)
+
+    def _top_level(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        while node in self.parents:
+            parent = self.parents[node]
+            if parent is self.module:
+                return node
+            node = parent
+        return None
+
+    def _first_row(self, index: int) -> int:
+        """Row where statement `index`'s code starts: its comments and blank lines count."""
+        statement = self.module.body[index]
+        decorators = getattr(statement, "decorators", ())
+        first = decorators[0] if decorators else statement
+        return self.positions[first].start.line - len(statement.leading_lines)
+
+    def _end_offset(self, index: int) -> int:
+        if index + 1 < len(self.module.body):
+            return self.row_offsets[self._first_row(index + 1) - 1]
+        footer = "".join(self.module.code_for_node(line) for line in self.module.footer)
+        return len(self.text) - len(footer)
+
+
+def _diff(before: str, after: str, row: int) -> Edit | None:
+    """The edit turning `before` (which starts at column 1 of `row`) into `after`."""
+    if before == after:
+        return None
+    prefix = 0
+    limit = min(len(before), len(after))
+    while prefix < limit and before[prefix] == after[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < limit - prefix and before[-1 - suffix] == after[-1 - suffix]:
+        suffix += 1
+    return Edit(
+        after[prefix : len(after) - suffix],
+        _location_in(before, prefix, row),
+        _location_in(before, len(before) - suffix, row),
+    )
+
+
+def _location_in(text: str, offset: int, first_row: int) -> Location:
+    """Row and column of `offset` in `text`, which starts at column 1 of `first_row`."""
+    rows = re.split(r"\r\n|\r|\n", text[:offset])
+    return Location(first_row + len(rows) - 1, len(rows[-1]) + 1)
 
 
 def _logical_line_ends(text: str) -> dict[int, int]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from ddpify.diagnostics import Severity
 from ddpify.engine import check_source
+from ddpify.fixes import apply_fixes
 from ddpify.rules import RULES_BY_CODE
-from ddpify.rules.base import Rule
+from ddpify.rules.base import NodeFix, Rule
 
 DP = "import torch\nm = torch.nn.DataParallel(x)\n"
 
@@ -40,3 +43,46 @@ def test_noqa_on_the_last_line_of_a_multiline_call():
 def test_noqa_for_another_code_does_not_suppress():
     source = "import torch\nm = torch.nn.DataParallel(x)  # noqa: DDP0700\n"
     assert len(check_source(source, "t.py", [RULES_BY_CODE["DDP070"]]).diagnostics) == 1
+
+
+class InsertSetEpoch(Rule):
+    """Test-only: insert a statement at the top of every `for epoch` body."""
+
+    CODE = "DDP998"
+    NAME = "probe"
+    SEVERITY = Severity.INFO
+    MESSAGE = "probe"
+
+    def visit_For(self, node):
+        body = node.body
+        call = cst.parse_statement("sampler.set_epoch(epoch)\n")
+        new = body.with_changes(body=[call, *body.body])
+        self.report(node, fix=NodeFix("insert", ((body, new),)))
+
+
+def test_a_fix_deep_in_a_block_is_rendered_at_the_block_indentation():
+    source = (
+        "import torch\n"
+        "\n"
+        "@decorated\n"
+        "def main():\n"
+        "    if True:\n"
+        "        for epoch in range(3):  # loop\n"
+        "            loss = step(\n"
+        "                epoch,\n"
+        "            )\n"
+    )
+    [diagnostic] = check_source(source, "t.py", [InsertSetEpoch]).diagnostics
+    assert diagnostic.fix.edits[0].location.row == 7
+    assert apply_fixes(source, [diagnostic]) == source.replace(
+        "  # loop\n", "  # loop\n            sampler.set_epoch(epoch)\n"
+    )
+
+
+def test_fix_in_the_last_statement_of_a_crlf_file_with_trailing_comments():
+    source = "import torch\r\n\r\n# before\r\nfor epoch in range(3):\r\n    step()\r\n"
+    source += "# the end\r\n\r\n"
+    [diagnostic] = check_source(source, "t.py", [InsertSetEpoch]).diagnostics
+    assert apply_fixes(source, [diagnostic]) == source.replace(
+        "range(3):\r\n", "range(3):\r\n    sampler.set_epoch(epoch)\r\n"
+    )

@@ -9,7 +9,7 @@ and rewrite it.
   sampler / batch_sampler arguments (keyword or positional) and the name it is bound to;
 - `samplers`: each `DistributedSampler(...)` call, the name that holds it or the loader
   it is written into, and its `shuffle` argument;
-- `epoch_loops`: `for`/`while` loops over epochs, with the indentation of their body;
+- `epoch_loops`: `for`/`while` loops over epochs, and whether they nest in another;
 - `set_epoch_mentions`: every place that may set a sampler's epoch (`x.set_epoch`,
   the string "set_epoch", a `set_sampler_epoch(...)` helper), so "never called" is only
   claimed when there is none at all;
@@ -57,11 +57,10 @@ _SET_EPOCH_HELPER = re.compile(r"set_\w*epoch", re.I)
 
 @dataclass(frozen=True)
 class Where:
-    """Where a node sits: its function and class, and the indentation of its statement."""
+    """Where a node sits: its function and class, and the guards around it."""
 
     function: cst.FunctionDef | None
     class_def: cst.ClassDef | None
-    indent: str
     order: int  # pre-order index: compares "before/after" within one file
     rank_zero: bool  # under a rank-0 guard (`if rank == 0:` ...)
     conditions: tuple[cst.BaseExpression, ...] = ()  # tests of the enclosing `if`s
@@ -137,7 +136,6 @@ class SamplerCall:
 class EpochLoop:
     node: cst.For | cst.While
     where: Where
-    body_indent: str  # the indentation of the statements in its body
     nested: bool  # inside another epoch loop
 
     @property
@@ -167,15 +165,6 @@ def is_epoch_loop(node: cst.CSTNode) -> bool:
     else:
         return False
     return any("epoch" in name.lower() for name in names)
-
-
-def _indent_of(ancestors: Sequence[cst.CSTNode], module: cst.Module | None) -> str:
-    default = module.default_indent if module is not None else "    "
-    return "".join(
-        (node.indent if node.indent is not None else default)
-        for node in ancestors
-        if isinstance(node, cst.IndentedBlock)
-    )
 
 
 def _assigned_name(ancestors: Sequence[cst.CSTNode]) -> str | None:
@@ -270,10 +259,8 @@ class LoaderFacts:
             elif isinstance(node, cst.ClassDef):
                 class_def = node
                 break
-        module = ancestors[0] if ancestors and isinstance(ancestors[0], cst.Module) else None
-        indent = _indent_of(ancestors, module)
         rank_zero = rank_zero_scope(ancestors) is not None
-        return Where(function, class_def, indent, self._order, rank_zero, _conditions(ancestors))
+        return Where(function, class_def, self._order, rank_zero, _conditions(ancestors))
 
     def _visit_call(self, node: cst.Call, ancestors: Sequence[cst.CSTNode]) -> None:
         # The script model has just qualified this call: reuse its answer.
@@ -312,15 +299,10 @@ class LoaderFacts:
 
     def _visit_epoch_loop(self, node: cst.For | cst.While, ancestors) -> None:
         where = self._where(ancestors)
-        module = ancestors[0] if isinstance(ancestors[0], cst.Module) else None
-        body_indent = where.indent
-        if isinstance(node.body, cst.IndentedBlock):
-            own = node.body.indent
-            body_indent += own if own is not None else (module.default_indent if module else "    ")
         nested = any(
             is_epoch_loop(a) for a in ancestors[:-1] if isinstance(a, (cst.For, cst.While))
         )
-        self.epoch_loops.append(EpochLoop(node, where, body_indent, nested))
+        self.epoch_loops.append(EpochLoop(node, where, nested))
 
     # -- questions -----------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 
 from ddpify.analysis.loaders import collect
 from ddpify.diagnostics import Severity
-from ddpify.rules.data._common import at_indent, looks_like_eval
+from ddpify.rules.data._common import looks_like_eval
 from tests.helpers import codes, lint
 
 
@@ -64,7 +64,7 @@ def test_samplers_their_receivers_and_shuffle():
     assert facts.loader_names() == {"loader"}
 
 
-def test_where_function_class_indent_and_guards():
+def test_where_function_class_and_guards():
     facts = facts_of(
         """
         from torch.utils.data import DataLoader
@@ -77,7 +77,6 @@ def test_where_function_class_indent_and_guards():
     (loader,) = facts.loaders
     assert loader.where.function.name.value == "build"
     assert loader.where.class_def.name.value == "T"
-    assert loader.where.indent == "      "
     assert loader.where.rank_zero
     assert loader.where.parameter_names() == {"self", "ds"}
 
@@ -100,7 +99,6 @@ def test_epoch_loops_nesting_and_epoch_name():
     loops = facts.epoch_loops
     assert [loop.nested for loop in loops] == [False, True, False, False]
     assert [loop.epoch_name for loop in loops] == ["epoch", "i", None, None]
-    assert loops[0].body_indent == "        "
 
 
 @pytest.mark.parametrize(
@@ -157,13 +155,6 @@ def test_is_streaming(text, streaming):
 )
 def test_looks_like_eval(name, expected):
     assert looks_like_eval(name) is expected
-
-
-def test_at_indent_spells_out_continuation_lines():
-    module = cst.parse_module("def f():\n    x = g(\n        a,  # c\n    )\n")
-    call = module.body[0].body.body[0].body[0].value
-    assert module.code_for_node(call) == "g(\n    a,  # c\n)"
-    assert module.code_for_node(at_indent(call, "    ")) == "g(\n        a,  # c\n    )"
 
 
 # -- DDP020: what stays quiet, next to what does not ----------------------------------------

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import libcst as cst
 import pytest
-from libcst.metadata import MetadataWrapper, WhitespaceInclusivePositionProvider
 
-from ddpify.diagnostics import Edit, Location
-from ddpify.engine import Context, run_rules
-from ddpify.fixes import apply_edits
+from ddpify.diagnostics import Severity
+from ddpify.engine import Context, check_source, run_rules
+from ddpify.fixes import apply_fixes
 from ddpify.rules import select_rules
-from ddpify.rules.base import Rule
+from ddpify.rules.base import NodeFix, Rule
 from ddpify.rules.training_loop._common import insert_before, is_distributed
 from ddpify.rules.training_loop.ddp041_lr_not_scaled import looks_unscaled
 from ddpify.rules.training_loop.ddp043_amp_legacy_api import in_compat_shim
@@ -58,38 +57,19 @@ def test_single_process_scripts_are_not(source):
 
 
 def _insert(source: str, target: str) -> str:
-    """Insert `NEW()` above the statement whose code is `target`, via the replacement."""
-    module = cst.parse_module(source)
-    found = []
+    """Insert `NEW()` above the statement whose code is `target`, through the engine."""
 
-    class Find(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.stack: list[cst.CSTNode] = []
+    class InsertNew(Rule):
+        CODE, NAME, SEVERITY, MESSAGE = "DDP999", "probe", Severity.INFO, "probe"
 
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            self.stack.append(node)
-            if isinstance(node, cst.SimpleStatementLine) and module.code_for_node(
-                node
-            ).strip().endswith(target):
-                found.append(list(self.stack))
-            return True
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            if self.context.code(node).strip().endswith(target):
+                new = cst.SimpleStatementLine([cst.Expr(cst.parse_expression("NEW()"))])
+                replacement = insert_before(list(self.context.ancestors), node, new)
+                self.report(node, fix=NodeFix("insert", (replacement,)))
 
-        def on_leave(self, original_node: cst.CSTNode) -> None:
-            self.stack.pop()
-
-    module.visit(Find())
-    ancestors = found[0]
-    new = cst.SimpleStatementLine([cst.Expr(cst.parse_expression("NEW()"))])
-    old, replacement = insert_before(module, ancestors, ancestors[-1], new)
-    span = MetadataWrapper(module, unsafe_skip_copy=True).resolve(
-        WhitespaceInclusivePositionProvider
-    )[old]
-    edit = Edit(
-        module.code_for_node(replacement),
-        Location(span.start.line, span.start.column + 1),
-        Location(span.end.line, span.end.column + 1),
-    )
-    return apply_edits(source, [edit])
+    result = check_source(source, "t.py", [InsertNew], force=True)
+    return apply_fixes(source, result.diagnostics)
 
 
 def test_insert_before_keeps_nested_indentation_and_comments():

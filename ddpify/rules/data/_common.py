@@ -133,34 +133,6 @@ class LoaderRule(Rule):
         self._feed(node)
 
 
-# -- replacements that keep their indentation ------------------------------------------
-
-
-class _AbsoluteIndent(cst.CSTTransformer):
-    """Continuation lines inside brackets say "the current indentation, then this"; the
-    engine renders a replacement on its own, at indentation zero, so spell it out."""
-
-    def __init__(self, indent: str) -> None:
-        self.indent = indent
-
-    def leave_ParenthesizedWhitespace(self, original, updated):
-        if not updated.indent:
-            return updated
-        last_line = cst.SimpleWhitespace(self.indent + updated.last_line.value)
-        return updated.with_changes(indent=False, last_line=last_line)
-
-    def leave_EmptyLine(self, original, updated):
-        if not updated.indent:
-            return updated
-        whitespace = cst.SimpleWhitespace(self.indent + updated.whitespace.value)
-        return updated.with_changes(indent=False, whitespace=whitespace)
-
-
-def at_indent(node: cst.CSTNode, indent: str) -> cst.CSTNode:
-    """`node` (an expression) as it renders inside a statement indented by `indent`."""
-    return node.visit(_AbsoluteIndent(indent)) if indent else node
-
-
 def comments(node: cst.CSTNode) -> list[str]:
     found: list[str] = []
 

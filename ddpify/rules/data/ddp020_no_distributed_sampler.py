@@ -9,7 +9,6 @@ from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.data._common import (
     LoaderRule,
-    at_indent,
     is_distributed,
     is_eval_dataset_call,
     is_none,
@@ -73,7 +72,7 @@ class NoDistributedSampler(LoaderRule):
             args[index] = shuffle.with_changes(keyword=cst.Name("sampler"), value=sampler)
         else:
             args = _insert_after(args, args.index(dataset_arg), _keyword_arg("sampler", sampler))
-        new_call = at_indent(loader.call.with_changes(args=args), loader.where.indent)
+        new_call = loader.call.with_changes(args=args)
         return NodeFix(
             f"Pass `sampler={spelling}(...)` (call its `set_epoch` every epoch)",
             ((loader.call, new_call),),

@@ -6,7 +6,7 @@ from ddpify.analysis.loaders import LoaderCall, LoaderFacts
 from ddpify.analysis.names import dotted
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
-from ddpify.rules.data._common import LoaderRule, at_indent, comments, is_none, is_true_literal
+from ddpify.rules.data._common import LoaderRule, comments, is_none, is_true_literal
 
 
 class _Kind(enum.Enum):
@@ -54,7 +54,7 @@ class ShuffleWithSampler(LoaderRule):
         safe = kind is _Kind.SHUFFLING and keeps_comments
         return NodeFix(
             "Drop `shuffle=True`",
-            ((loader.call, at_indent(new_call, loader.where.indent)),),
+            ((loader.call, new_call),),
             Applicability.SAFE if safe else Applicability.UNSAFE,
         )
 

@@ -95,9 +95,7 @@ def _fix(sampler: SamplerCall, loop: EpochLoop | None, facts: LoaderFacts) -> No
         return None
     call = f"{sampler.receiver}.set_epoch({loop.epoch_name})"
     body = loop.node.body
-    new_body = body.with_changes(
-        indent=loop.body_indent, body=[cst.parse_statement(call + "\n"), *body.body]
-    )
+    new_body = body.with_changes(body=[cst.parse_statement(call + "\n"), *body.body])
     return NodeFix(f"Call `{call}` at the start of the epoch loop", ((body, new_body),))
 
 

@@ -57,27 +57,16 @@ def is_distributed(context: Context) -> bool:
     )
 
 
-def block_indent(ancestors: Sequence[cst.CSTNode], default_indent: str) -> str:
-    """The absolute indentation of the statements of the innermost block in `ancestors`."""
-    return "".join(
-        node.indent if node.indent is not None else default_indent
-        for node in ancestors
-        if isinstance(node, cst.IndentedBlock)
-    )
-
-
 def insert_before(
-    module: cst.Module,
     ancestors: Sequence[cst.CSTNode],
     statement: cst.BaseStatement,
     new: cst.SimpleStatementLine,
 ) -> tuple[cst.CSTNode, cst.CSTNode] | None:
     """A (old, new) replacement that puts `new` just above `statement`.
 
-    `ancestors` runs from the module down to (at least) `statement`. The replacement is
-    the whole enclosing block: a lone statement printed by libcst loses its indentation,
-    a block printed with its absolute indent keeps it. Comments above `statement` move
-    above `new`, so they still head the lines they described.
+    `ancestors` runs from the module down to (at least) `statement`; the replacement is
+    the enclosing block. Comments above `statement` move above `new`, so they still head
+    the lines they described.
     """
     index = list(ancestors).index(statement)
     block = ancestors[index - 1]
@@ -87,7 +76,4 @@ def insert_before(
     position = body.index(statement)
     moved = new.with_changes(leading_lines=statement.leading_lines)
     body[position : position + 1] = [moved, statement.with_changes(leading_lines=())]
-    if isinstance(block, cst.Module):
-        return block, block.with_changes(body=body)
-    indent = block_indent(ancestors[:index], module.default_indent)
-    return block, block.with_changes(body=body, indent=indent)
+    return block, block.with_changes(body=body)

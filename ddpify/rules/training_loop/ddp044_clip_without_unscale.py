@@ -179,7 +179,7 @@ class ClipWithoutUnscale(Rule):
         if statement is None:
             return None
         unscale = cst.SimpleStatementLine([cst.Expr(cst.parse_expression(target))])
-        replacement = insert_before(self.context.module, clip.ancestors, statement, unscale)
+        replacement = insert_before(clip.ancestors, statement, unscale)
         if replacement is None:
             return None
         # Clipping outside the `if use_amp:` that holds the step: with a scaler that is
