@@ -30,6 +30,7 @@ import sys
 import time
 import traceback
 import types
+import warnings
 
 CONFIG_ENV = "DDPIFY_VERIFY_CONFIG"
 SEED = 1234
@@ -472,12 +473,14 @@ def parameter_names(params: list, torch) -> list[str]:
     """Names from the module tree that owns the parameters, without DDP's `module.` prefix."""
     wanted = {id(p): i for i, p in enumerate(params)}
     modules = []
-    for obj in gc.get_objects():
-        try:
-            if isinstance(obj, torch.nn.Module):
-                modules.append(obj)
-        except Exception:  # noqa: BLE001 - proxies whose isinstance raises are not modules
-            continue
+    with warnings.catch_warnings():  # some lazy proxies warn when isinstance touches them
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.nn.Module):
+                    modules.append(obj)
+            except Exception:  # noqa: BLE001 - proxies whose isinstance raises are not modules
+                continue
     children = {id(child) for module in modules for child in module.children()}
     roots = []
     for module in modules:

@@ -1,0 +1,48 @@
+"""Every fixtures/migrate case that trains must verify: 1 process against 2, both batch policies.
+
+The migration runs in memory (`migrate_source` with the policy) and verify runs its output in
+place of the file, as `ddpify migrate --verify` does. Cases that are not migrated, or whose
+original does not train on its own without arguments, are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpify.verify import run_verify
+from ddpify.verify.markers import read_markers
+from tests.helpers import FIXTURES
+
+pytest.importorskip("torch")
+pipeline = pytest.importorskip("ddpify.migrate.pipeline")
+analyze = pytest.importorskip("ddpify.migrate.analyze")
+
+CASES = sorted(path.parent.name for path in (FIXTURES / "migrate").glob("*/before.py"))
+pytestmark = pytest.mark.torchrun
+
+
+@pytest.mark.parametrize("policy", ["per-rank", "global"])
+@pytest.mark.parametrize("case", CASES)
+def test_migrated_case_verifies(case, policy, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    before = FIXTURES / "migrate" / case / "before.py"
+    options = analyze.Options(batch_policy=policy)
+    migration = pipeline.migrate_source(before.read_text(), str(before), options)
+    if not migration.migrated or migration.output == migration.original:
+        pytest.skip(f"not migrated: {migration.reason or 'nothing to change'}")
+    # What the migration wrote decides, as for `ddpify verify`: a script that was already
+    # distributed keeps its batch whatever policy was asked for.
+    markers = read_markers(migration.output)
+    result = run_verify(
+        before,
+        before.with_name(f"verify_{policy}.py"),
+        converted_source=migration.output,
+        batch_policy=markers.batch_policy or "auto",
+        lr_scale=markers.lr_scale(2),
+        cwd=tmp_path,
+    )
+    if result.failed_run == "original" or "without an optimizer step" in result.message:
+        pytest.skip(f"the original does not train as one plain process: {result.message}")
+    if result.verdict == "inconclusive" and any("BatchNorm" in r for r in result.inconclusive):
+        pytest.skip("BatchNorm: SyncBatchNorm needs CUDA, so on CPU this cannot be verified")
+    assert result.exit_code == 0, result.message
