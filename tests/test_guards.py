@@ -1,8 +1,7 @@
 """ddpify.analysis.guards: which spellings of a rank test count as a rank-0 guard.
 
 `classify(test)` says what the body of `if test:` runs on; `rank_zero_scope(ancestors)`
-says whether a node runs on rank 0 only. Known gaps are marked xfail(strict=True): they
-turn into failures once guards.py is fixed, so the mark is removed with the fix.
+says whether a node runs on rank 0 only.
 """
 
 from __future__ import annotations
@@ -90,7 +89,8 @@ CLASSIFY = [
     ("epoch % 10 == 0 and rank == 0", ZERO_GLOBAL),
     ("args.world_size > 1 and args.rank == 0", ZERO_GLOBAL),
     ("is_main_process() and dist.get_rank() == 0", ZERO_GLOBAL),
-    ("args.rank == 0 or args.local_rank == 0", ZERO_GLOBAL),
+    # every node's local rank 0 passes too: one process per node
+    ("args.rank == 0 or args.local_rank == 0", ZERO_LOCAL),
     ("dist.is_initialized() and dist.get_rank() != 0", OTHERS_GLOBAL),
     # not about rank 0
     ("world_size == 1", None),
@@ -105,26 +105,27 @@ CLASSIFY = [
     ("step % 100 == 0", None),
     ("rank == 0 == world", None),
     ("0 > rank", None),
-    ("rank == 0 or rank != 0", None),
+    # a tautology: its `else` never runs, so "rank 0 only" holds vacuously there
+    ("rank == 0 or rank != 0", OTHERS_GLOBAL),
     ("dist.get_rank() == 0 if dist.is_initialized() else True", None),
     ("xm.is_master_ordinal()", None),
 ]
 
-CLASSIFY_GAPS = [
-    # the swapped comparison maps `<=` and `>` but not `<` and `>=`
-    ("0 < rank", OTHERS_GLOBAL, "reversed `<` not mirrored"),
-    ("0 >= rank", ZERO_GLOBAL, "reversed `>=` not mirrored"),
+CLASSIFY_EDGES = [
+    # a zero on the left mirrors every operator
+    ("0 < rank", OTHERS_GLOBAL),
+    ("0 >= rank", ZERO_GLOBAL),
     # the first node holds one process per GPU: all of them pass
-    ("node_rank == 0", None, "node rank counted as a process rank"),
-    ("args.node_rank == 0", None, "node rank counted as a process rank"),
+    ("node_rank == 0", None),
+    ("args.node_rank == 0", None),
     # `and` with a non-zero test: its `else` (and what follows an early return in it)
     # still runs on the other ranks where the second condition is false
-    ("rank != 0 and is_eval", None, "`and` keeps a non-zero part"),
-    ("not is_main_process() and args.save", None, "`and` keeps a non-zero part"),
+    ("rank != 0 and is_eval", None),
+    ("not is_main_process() and args.save", None),
     # `or` with a non-zero test: its complement is rank 0 only
-    ("rank != 0 or not args.save", OTHERS_GLOBAL, "`or` drops a non-zero part"),
+    ("rank != 0 or not args.save", OTHERS_GLOBAL),
     # "rank" as a substring of an unrelated word
-    ("ranking == 0", None, "substring match on 'rank'"),
+    ("ranking == 0", None),
 ]
 
 
@@ -133,14 +134,8 @@ def test_classify(test, expected):
     assert classify(cst.parse_expression(test)) == expected
 
 
-@pytest.mark.parametrize(
-    ("test", "expected"),
-    [
-        pytest.param(t, e, marks=pytest.mark.xfail(strict=True, reason=why), id=t)
-        for t, e, why in CLASSIFY_GAPS
-    ],
-)
-def test_classify_known_gaps(test, expected):
+@pytest.mark.parametrize(("test", "expected"), CLASSIFY_EDGES, ids=[c[0] for c in CLASSIFY_EDGES])
+def test_classify_edges(test, expected):
     assert classify(cst.parse_expression(test)) == expected
 
 
@@ -221,27 +216,26 @@ STATEMENTS = [
     ("target()\n", None),
 ]
 
-STATEMENT_GAPS = [
-    (
-        "if rank != 0:\n    sys.exit(0)\ntarget()\n",
-        Scope.GLOBAL,
-        "sys.exit()/exit()/os._exit() not counted as exits",
-    ),
+STATEMENT_EDGES = [
+    ("if rank != 0:\n    sys.exit(0)\ntarget()\n", Scope.GLOBAL),  # sys.exit() exits too
+    # an exiting `else` of a rank-0 guard is an early exit for the other ranks
     (
         "def f():\n    if rank == 0:\n        pass\n    else:\n        return\n    target()\n",
         Scope.GLOBAL,
-        "an exiting `else` of a rank-0 guard is not an early exit",
     ),
-    (
-        "def f():\n    if rank != 0 and is_eval:\n        return\n    target()\n",
-        None,
-        "`and` keeps a non-zero part: other ranks pass when is_eval is false",
-    ),
-    (
-        "def f():\n    if rank != 0 or not save:\n        return\n    target()\n",
-        Scope.GLOBAL,
-        "`or` drops a non-zero part",
-    ),
+    # `and` keeps a non-zero part: other ranks pass when is_eval is false
+    ("def f():\n    if rank != 0 and is_eval:\n        return\n    target()\n", None),
+    # `or` with a non-zero part: only rank 0 gets past it
+    ("def f():\n    if rank != 0 or not save:\n        return\n    target()\n", Scope.GLOBAL),
+    # guards inside expressions
+    ("w = target() if rank == 0 else None\n", Scope.GLOBAL),
+    ("w = None if rank != 0 else target()\n", Scope.GLOBAL),
+    ("ok = is_main and target()\n", Scope.GLOBAL),
+    ("ok = rank != 0 or target()\n", Scope.GLOBAL),
+    ("ok = rank == 0 or target()\n", None),
+    # a global guard around a local one selects the global rank 0
+    ("if rank == 0:\n    if local_rank == 0:\n        target()\n", Scope.GLOBAL),
+    ("if local_rank == 0:\n    target()\n", Scope.LOCAL),
 ]
 
 
@@ -251,17 +245,7 @@ def test_rank_zero_scope(source, expected):
 
 
 @pytest.mark.parametrize(
-    ("source", "expected"),
-    [
-        pytest.param(s, e, marks=pytest.mark.xfail(strict=True, reason=why), id=s)
-        for s, e, why in STATEMENT_GAPS
-    ],
+    ("source", "expected"), STATEMENT_EDGES, ids=[s for s, _ in STATEMENT_EDGES]
 )
-def test_rank_zero_scope_known_gaps(source, expected):
+def test_rank_zero_scope_edges(source, expected):
     assert scope_of_target(source) == expected
-
-
-def test_expressions_are_not_guards():
-    """`x if rank == 0 else y` is left to the rules (rank_zero._common.expression_guard)."""
-    assert scope_of_target("w = target() if rank == 0 else None\n") is None
-    assert scope_of_target("ok = is_main and target()\n") is None

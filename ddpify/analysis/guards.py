@@ -1,9 +1,16 @@
 """Recognising code that runs on one rank only: `if rank == 0:` and its many spellings.
 
-A guard is classified by what its `if` body runs on. Recognised forms include
-`rank == 0`, `dist.get_rank() == 0`, `is_main_process()`, `args.rank % ngpus == 0`,
-`local_rank in (-1, 0)`, `not rank`, `if rank != 0: return` early exits, and
-`@rank_zero_only` decorators. Anything unrecognised counts as "not a guard".
+Every test is read as two implications: *body* (the test is true only on rank 0, so
+its `if` body runs there alone) and *else* (the test is false only on rank 0, so its
+`else`, and whatever follows an early `return` under it, runs there alone). `rank != 0`
+gives *else*; `rank != 0 and is_eval` gives neither, since the other ranks skip the
+`return` whenever `is_eval` is false. A "distributed?" test (`dist.is_initialized()`,
+`args.world_size > 1`) implies rank 0 when false: a single process is rank 0.
+
+Recognised forms include `rank == 0`, `dist.get_rank() == 0`, `is_main_process()`,
+`args.rank % ngpus == 0`, `local_rank in (-1, 0)`, `not rank`, early exits
+(`return`, `continue`, `sys.exit()`), `x if rank == 0 else None`, `is_main and x`,
+and `@rank_zero_only` decorators. Anything unrecognised counts as "not a guard".
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import libcst as cst
 
@@ -18,32 +27,50 @@ from ddpify.analysis.names import dotted
 
 
 class Scope(enum.Enum):
-    """Which rank-0 a guard selects: one process in the job, or one per node."""
+    """Which rank 0 a guard selects: one process in the job, or one per node."""
 
     GLOBAL = "global"
     LOCAL = "local"
 
 
 class Guard(enum.Enum):
-    RANK_ZERO = "rank-zero"
-    NON_ZERO = "non-zero"
+    RANK_ZERO = "rank-zero"  # the `if` body runs on rank 0 only
+    NON_ZERO = "non-zero"  # the `else` (or what follows an early exit) runs on rank 0 only
 
+
+class _Single(enum.Enum):
+    """Rank 0 of a run that is not distributed at all: neutral when combined."""
+
+    PROCESS = "single-process"
+
+
+_Implied = Optional[Union[Scope, _Single]]
 
 _PREDICATE = re.compile(
-    r"^(is_|on_)?(local_|global_)?(main|master|primary|chief|leader|rank_?0|rank_zero|zero)"
+    r"^(is_)?(local_|global_)?(main|master|primary|chief|leader|rank_?0|rank_zero|zero)"
     r"(_process|_proc|_rank|_node|_worker|_gpu)?(_only)?$"
 )
+_RANK_WORD = re.compile(r"(?:^|_)(local_?)?rank(?:$|_|\d)")
 _LOCAL_IDENTIFIERS = {"gpu", "gpu_id", "local_gpu", "device_id", "gpu_idx"}
+_DISTRIBUTED_PREDICATE = re.compile(
+    r"^(is_)?(dist|distributed|ddp|use_ddp|multiprocessing_distributed|"
+    r"is_dist_avail_and_initialized|initialized|dist_initialized)$"
+)
+_WORLD_SIZE = re.compile(r"world_size|num_processes|nprocs|num_replicas")
 _RANK_ZERO_DECORATORS = re.compile(r"(rank_?zero|rank_?0|master|main_process)(_only)?$")
+_EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 
 
 def _scope_of_identifier(name: str) -> Scope | None:
     lowered = name.lower()
-    if "local" in lowered and "rank" in lowered or lowered in _LOCAL_IDENTIFIERS:
+    if "node" in lowered:  # node_rank == 0 holds for every process of the first node
+        return None
+    if lowered in _LOCAL_IDENTIFIERS:
         return Scope.LOCAL
-    if "rank" in lowered:
-        return Scope.GLOBAL
-    return None
+    match = _RANK_WORD.search(lowered)
+    if match is None:
+        return None
+    return Scope.LOCAL if match.group(1) or "local" in lowered else Scope.GLOBAL
 
 
 def rank_scope(expr: cst.BaseExpression) -> Scope | None:
@@ -52,21 +79,15 @@ def rank_scope(expr: cst.BaseExpression) -> Scope | None:
         inner = expr.func.attr.value if isinstance(expr.func, cst.Attribute) else None
         if isinstance(expr.func, cst.Name):
             inner = expr.func.value
-        if inner in {"int", "str"} and expr.args:
-            return rank_scope(expr.args[0].value)
-        if inner in {"get", "getenv"} and expr.args:
+        if inner in {"int", "str", "get", "getenv"} and expr.args:
             return rank_scope(expr.args[0].value)
         return _scope_of_identifier(inner) if inner else None
     if isinstance(expr, cst.SimpleString):
         value = expr.evaluated_value
-        if isinstance(value, str):
-            return _scope_of_identifier(value)
-        return None
+        return _scope_of_identifier(value) if isinstance(value, str) else None
     if isinstance(expr, cst.Subscript):
         index = expr.slice[0].slice if expr.slice else None
-        if isinstance(index, cst.Index):
-            return rank_scope(index.value)
-        return None
+        return rank_scope(index.value) if isinstance(index, cst.Index) else None
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
         # `args.rank % ngpus_per_node == 0`: the classic "first process of the job".
         return Scope.GLOBAL if rank_scope(expr.left) else None
@@ -76,16 +97,34 @@ def rank_scope(expr: cst.BaseExpression) -> Scope | None:
     return _scope_of_identifier(name.rsplit(".", 1)[-1])
 
 
-def _predicate_scope(expr: cst.BaseExpression) -> Scope | None:
-    """`is_main_process()`, `self.is_master`, `args.local_master`: true on rank 0."""
+def _last_identifier(expr: cst.BaseExpression) -> str | None:
     target = expr.func if isinstance(expr, cst.Call) else expr
     name = dotted(target)
-    if name is None:
-        return None
-    last = name.rsplit(".", 1)[-1].lower()
-    if not _PREDICATE.match(last):
+    return name.rsplit(".", 1)[-1].lower() if name else None
+
+
+def _predicate_scope(expr: cst.BaseExpression) -> Scope | None:
+    """`is_main_process()`, `self.is_master`, `args.local_master`: true on rank 0."""
+    last = _last_identifier(expr)
+    if last is None or not _PREDICATE.match(last):
         return None
     return Scope.LOCAL if "local" in last else Scope.GLOBAL
+
+
+def _is_distributed_test(expr: cst.BaseExpression) -> bool:
+    """`dist.is_initialized()`, `args.distributed`, `world_size > 1`: false in one process."""
+    if isinstance(expr, cst.Comparison) and len(expr.comparisons) == 1:
+        target = expr.comparisons[0]
+        names = dotted(expr.left) or _last_identifier(expr.left) or ""
+        bound = target.comparator
+        is_one = isinstance(bound, cst.Integer) and bound.value == "1"
+        return (
+            bool(_WORLD_SIZE.search(names.lower()))
+            and is_one
+            and isinstance(target.operator, (cst.GreaterThan, cst.NotEqual))
+        )
+    last = _last_identifier(expr)
+    return last is not None and bool(_DISTRIBUTED_PREDICATE.match(last))
 
 
 def _is_zero(expr: cst.BaseExpression) -> bool:
@@ -100,93 +139,139 @@ def _zero_or_minus_one(expr: cst.BaseExpression) -> bool:
     if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
         values = [e.value for e in expr.elements]
         return any(_is_zero(v) for v in values) and all(
-            _is_zero(v)
-            or (isinstance(v, cst.UnaryOperation) and isinstance(v.operator, cst.Minus))
+            _is_zero(v) or (isinstance(v, cst.UnaryOperation) and isinstance(v.operator, cst.Minus))
             for v in values
         )
     return False
 
 
-def _flip(guard: tuple[Guard, Scope] | None) -> tuple[Guard, Scope] | None:
-    if guard is None:
-        return None
-    kind, scope = guard
-    return (Guard.NON_ZERO if kind is Guard.RANK_ZERO else Guard.RANK_ZERO, scope)
+@dataclass(frozen=True)
+class _Facts:
+    body: _Implied = None  # the test is true only on this rank 0
+    orelse: _Implied = None  # the test is false only on this rank 0
+
+    def negated(self) -> _Facts:
+        return _Facts(self.orelse, self.body)
 
 
-def _compare(node: cst.Comparison) -> tuple[Guard, Scope] | None:
+_NOTHING = _Facts()
+
+# `x -> (is it true only there?, is it false only there?)` for rank comparisons.
+_MIRRORED = {
+    cst.LessThanEqual: cst.GreaterThanEqual,
+    cst.GreaterThanEqual: cst.LessThanEqual,
+    cst.LessThan: cst.GreaterThan,
+    cst.GreaterThan: cst.LessThan,
+}
+
+
+def _compare(node: cst.Comparison) -> _Facts:
     if len(node.comparisons) != 1:
-        return None
+        return _NOTHING
     target = node.comparisons[0]
     left, op, right = node.left, target.operator, target.comparator
     if _is_zero(left):
         left, right = right, left
-        op = {cst.LessThanEqual: cst.GreaterThanEqual(), cst.GreaterThan: cst.LessThan()}.get(
-            type(op), op
-        )
+        op = _MIRRORED.get(type(op), type(op))()
     scope = rank_scope(left)
     if scope is None:
-        return None
-    if isinstance(op, (cst.Equal, cst.Is)) and _is_zero(right):
-        return Guard.RANK_ZERO, scope
-    if isinstance(op, (cst.NotEqual, cst.IsNot)) and _is_zero(right):
-        return Guard.NON_ZERO, scope
-    if isinstance(op, cst.LessThanEqual) and _is_zero(right):
-        return Guard.RANK_ZERO, scope
-    if isinstance(op, cst.GreaterThan) and _is_zero(right):
-        return Guard.NON_ZERO, scope
+        return _NOTHING
+    rank_zero, others = _Facts(body=scope), _Facts(orelse=scope)
     is_one = isinstance(right, cst.Integer) and right.value == "1"
-    if isinstance(op, cst.LessThan) and is_one:
-        return Guard.RANK_ZERO, scope
-    if isinstance(op, cst.GreaterThanEqual) and is_one:
-        return Guard.NON_ZERO, scope
-    if isinstance(op, cst.In) and _zero_or_minus_one(right):
-        return Guard.RANK_ZERO, scope
-    if isinstance(op, cst.NotIn) and _zero_or_minus_one(right):
-        return Guard.NON_ZERO, scope
-    return None
+    if _is_zero(right):
+        if isinstance(op, (cst.Equal, cst.Is, cst.LessThanEqual)):
+            return rank_zero
+        if isinstance(op, (cst.NotEqual, cst.IsNot, cst.GreaterThan)):
+            return others
+    if is_one and isinstance(op, cst.LessThan):
+        return rank_zero
+    if is_one and isinstance(op, cst.GreaterThanEqual):
+        return others
+    if _zero_or_minus_one(right):
+        if isinstance(op, cst.In):
+            return rank_zero
+        if isinstance(op, cst.NotIn):
+            return others
+    return _NOTHING
+
+
+def _stronger(a: _Implied, b: _Implied) -> _Implied:
+    """What `a and b` implies when either implication alone suffices."""
+    if a is None or b is None:
+        return a if b is None else b
+    if Scope.GLOBAL in (a, b):
+        return Scope.GLOBAL
+    return Scope.LOCAL if Scope.LOCAL in (a, b) else _Single.PROCESS
+
+
+def _weaker(a: _Implied, b: _Implied) -> _Implied:
+    """What holds when both implications are needed (either side may be the true one)."""
+    if a is None or b is None:
+        return None
+    if Scope.LOCAL in (a, b):
+        return Scope.LOCAL
+    return Scope.GLOBAL if Scope.GLOBAL in (a, b) else _Single.PROCESS
+
+
+def _facts(test: cst.BaseExpression) -> _Facts:
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _facts(test.expression).negated()
+    if isinstance(test, cst.BooleanOperation):
+        left, right = _facts(test.left), _facts(test.right)
+        if isinstance(test.operator, cst.And):
+            return _Facts(_stronger(left.body, right.body), _weaker(left.orelse, right.orelse))
+        return _Facts(_weaker(left.body, right.body), _stronger(left.orelse, right.orelse))
+    if isinstance(test, cst.Comparison):
+        facts = _compare(test)
+        if facts == _NOTHING and _is_distributed_test(test):
+            return _Facts(orelse=_Single.PROCESS)
+        return facts
+    scope = _predicate_scope(test)
+    if scope is not None:
+        return _Facts(body=scope)
+    if _is_distributed_test(test):
+        return _Facts(orelse=_Single.PROCESS)
+    scope = rank_scope(test)
+    if scope is not None:  # `if rank:` is true on every rank but 0
+        return _Facts(orelse=scope)
+    return _NOTHING
+
+
+def _as_scope(implied: _Implied) -> Scope | None:
+    return implied if isinstance(implied, Scope) else None
 
 
 def classify(test: cst.BaseExpression) -> tuple[Guard, Scope] | None:
-    """What the body of `if test:` runs on, or None if `test` is not about ranks."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _flip(classify(test.expression))
-    if isinstance(test, cst.BooleanOperation):
-        left, right = classify(test.left), classify(test.right)
-        parts = [g for g in (left, right) if g is not None]
-        if isinstance(test.operator, cst.And):
-            # `rank == 0 and epoch % 10 == 0` still runs on rank 0 only.
-            return parts[0] if parts else None
-        # `not distributed or rank == 0`: rank 0, or the single process of a plain run.
-        if parts and all(kind is Guard.RANK_ZERO for kind, _ in parts):
-            return parts[0]
-        return None
-    if isinstance(test, cst.Comparison):
-        return _compare(test)
-    scope = _predicate_scope(test)
-    if scope is not None:
-        return Guard.RANK_ZERO, scope
-    scope = rank_scope(test)
-    if scope is not None:  # `if rank:` is true on every rank but 0
-        return Guard.NON_ZERO, scope
+    """What `if test:` selects: its body runs on rank 0 only (RANK_ZERO), or its `else`
+    does (NON_ZERO); None if `test` is not about ranks."""
+    facts = _facts(test)
+    if _as_scope(facts.body):
+        return Guard.RANK_ZERO, facts.body
+    if _as_scope(facts.orelse):
+        return Guard.NON_ZERO, facts.orelse
     return None
 
 
-def _exits(block: cst.BaseSuite) -> bool:
+def exits(block: cst.BaseSuite) -> bool:
+    """Whether a block always leaves: return, continue, break, raise or sys.exit()."""
     body = block.body
     last = body[-1] if body else None
     if isinstance(last, cst.SimpleStatementLine):
         last = last.body[-1] if last.body else None
+    if isinstance(last, cst.Expr) and isinstance(last.value, cst.Call):
+        return dotted(last.value.func) in _EXIT_CALLS
     return isinstance(last, (cst.Return, cst.Continue, cst.Break, cst.Raise))
 
 
-def _early_exit_guard(stmt: cst.BaseStatement) -> Scope | None:
-    """`if rank != 0: return` makes the rest of the block rank-0 only."""
+def _after_early_exit(stmt: cst.BaseStatement) -> Scope | None:
+    """`if rank != 0: return` (or `if rank == 0: ... else: return`) before a statement."""
     if not isinstance(stmt, cst.If):
         return None
-    guard = classify(stmt.test)
-    if guard and guard[0] is Guard.NON_ZERO and _exits(stmt.body):
-        return guard[1]
+    facts = _facts(stmt.test)
+    if exits(stmt.body) and _as_scope(facts.orelse):
+        return facts.orelse
+    if isinstance(stmt.orelse, cst.Else) and exits(stmt.orelse.body) and _as_scope(facts.body):
+        return facts.body
     return None
 
 
@@ -199,31 +284,36 @@ def _decorated_rank_zero(func: cst.FunctionDef) -> Scope | None:
     return None
 
 
-def rank_zero_scope(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
-    """The guard that makes the innermost node of `ancestors` run on rank 0 only, if any.
-
-    `ancestors` runs from the module down to the node itself.
-    """
-    for depth in range(len(ancestors) - 2, -1, -1):
-        parent, child = ancestors[depth], ancestors[depth + 1]
-        if isinstance(parent, cst.If):
-            guard = classify(parent.test)
-            if guard is None:
-                continue
-            kind, scope = guard
-            in_body = child is parent.body
-            if (kind is Guard.RANK_ZERO) == in_body and (in_body or child is parent.orelse):
-                return scope
-        elif isinstance(parent, (cst.IndentedBlock, cst.Module)):
-            body = parent.body
-            for stmt in body:
-                if stmt is child:
-                    break
-                scope = _early_exit_guard(stmt)
-                if scope is not None:
-                    return scope
-        elif isinstance(parent, cst.FunctionDef):
-            scope = _decorated_rank_zero(parent)
+def _guard_between(parent: cst.CSTNode, child: cst.CSTNode) -> Scope | None:
+    """The guard `parent` puts on `child`, one level of the ancestry."""
+    if isinstance(parent, (cst.If, cst.IfExp)):
+        if child is parent.test:
+            return None
+        facts = _facts(parent.test)
+        return _as_scope(facts.body if child is parent.body else facts.orelse)
+    if isinstance(parent, cst.BooleanOperation) and child is parent.right:
+        facts = _facts(parent.left)  # `is_main and log(x)`, `not is_main or log(x)`
+        return _as_scope(facts.body if isinstance(parent.operator, cst.And) else facts.orelse)
+    if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+        for stmt in parent.body:
+            if stmt is child:
+                break
+            scope = _after_early_exit(stmt)
             if scope is not None:
                 return scope
+        return None
+    if isinstance(parent, cst.FunctionDef):
+        return _decorated_rank_zero(parent)
     return None
+
+
+def rank_zero_scope(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
+    """Whether the last node of `ancestors` (module first) runs on rank 0 only, and which
+    rank 0: a global guard anywhere around it wins over a local one."""
+    found: Scope | None = None
+    for depth in range(len(ancestors) - 2, -1, -1):
+        scope = _guard_between(ancestors[depth], ancestors[depth + 1])
+        if scope is Scope.GLOBAL:
+            return scope
+        found = found or scope
+    return found

@@ -8,9 +8,9 @@ import textwrap
 import libcst as cst
 import pytest
 
-from ddpify.analysis.guards import Scope
+from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.diagnostics import Severity
-from ddpify.rules.rank_zero._common import direct_scope, mentions_rank, non_zero_guarded
+from ddpify.rules.rank_zero._common import mentions_rank, non_zero_guarded
 from ddpify.walk import walk
 from tests.helpers import lint
 
@@ -78,8 +78,8 @@ def test_mentions_rank(expr, expected):
         ("def f():\n    if rank != 0:\n        return\n    target()\n", Scope.GLOBAL),
     ],
 )
-def test_direct_scope(source, expected):
-    assert at_target(source, direct_scope) == expected
+def test_rank_zero_scope_in_statements_and_expressions(source, expected):
+    assert at_target(source, rank_zero_scope) == expected
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from functools import cached_property
 
 import libcst as cst
 
+from ddpify.analysis.guards import exits
 from ddpify.analysis.names import dotted, find_arg, identifiers
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
@@ -52,13 +53,6 @@ class _HelperCall:
     setup_named: bool
 
 
-def _exits(block: cst.BaseSuite) -> bool:
-    last = block.body[-1] if block.body else None
-    if isinstance(last, cst.SimpleStatementLine):
-        last = last.body[-1] if last.body else None
-    return isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break))
-
-
 def _conditions(ancestors: list[cst.CSTNode]) -> list[cst.CSTNode]:
     """Tests that decide whether the innermost node runs: enclosing ifs and early exits."""
     found: list[cst.CSTNode] = []
@@ -74,7 +68,7 @@ def _conditions(ancestors: list[cst.CSTNode]) -> list[cst.CSTNode]:
             for stmt in parent.body:
                 if stmt is child:
                     break
-                if isinstance(stmt, cst.If) and _exits(stmt.body):
+                if isinstance(stmt, cst.If) and exits(stmt.body):
                     found.append(stmt.test)
     return found
 

@@ -21,8 +21,6 @@ import libcst as cst
 from ddpify.analysis.guards import (
     Guard,
     Scope,
-    _decorated_rank_zero,
-    _exits,
     classify,
     rank_zero_scope,
 )
@@ -134,83 +132,6 @@ def _is_main_check(test: cst.BaseExpression) -> bool:
         and isinstance(test.left, cst.Name)
         and test.left.value == "__name__"
     )
-
-
-def _strict_classify(test: cst.BaseExpression) -> tuple[Guard, Scope] | None:
-    """`classify`, except that `rank != 0 and x` is no guard: where `x` is false, the other
-    ranks take the `else` branch, or pass an early `return` under it."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        inner = _strict_classify(test.expression)
-        if inner is None:
-            return None
-        return (Guard.NON_ZERO if inner[0] is Guard.RANK_ZERO else Guard.RANK_ZERO, inner[1])
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        parts = [_strict_classify(test.left), _strict_classify(test.right)]
-        zero = [p for p in parts if p and p[0] is Guard.RANK_ZERO]
-        if zero:
-            return zero[0]
-        return parts[0] if all(parts) else None
-    return classify(test)
-
-
-def expression_guard(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
-    """Rank-0 guards inside expressions: `X if rank == 0 else None`, `is_main and X`.
-
-    `rank_zero_scope` only looks at statements.
-    """
-    for parent, child in zip(ancestors, ancestors[1:]):
-        if isinstance(parent, cst.IfExp):
-            guard = _strict_classify(parent.test)
-            if guard and child is (parent.body if guard[0] is Guard.RANK_ZERO else parent.orelse):
-                return guard[1]
-        elif isinstance(parent, cst.BooleanOperation) and child is parent.right:
-            guard = _strict_classify(parent.left)
-            wanted = Guard.RANK_ZERO if isinstance(parent.operator, cst.And) else Guard.NON_ZERO
-            if guard and guard[0] is wanted:
-                return guard[1]
-    return None
-
-
-def _strict_rank_zero_scope(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
-    """`rank_zero_scope` with `_strict_classify`; used to veto its `and` readings."""
-    for parent, child in zip(reversed(ancestors[:-1]), reversed(ancestors[1:])):
-        if isinstance(parent, cst.If):
-            guard = _strict_classify(parent.test)
-            if guard is None:
-                continue
-            in_body = child is parent.body
-            if (guard[0] is Guard.RANK_ZERO) == in_body and (in_body or child is parent.orelse):
-                return guard[1]
-        elif isinstance(parent, (cst.IndentedBlock, cst.Module)):
-            for stmt in parent.body:
-                if stmt is child:
-                    break
-                if isinstance(stmt, cst.If) and _exits(stmt.body):
-                    guard = _strict_classify(stmt.test)
-                    if guard and guard[0] is Guard.NON_ZERO:
-                        return guard[1]
-        elif isinstance(parent, cst.FunctionDef):
-            scope = _decorated_rank_zero(parent)
-            if scope is not None:
-                return scope
-    return None
-
-
-def _rank_zero_scope(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
-    scope = rank_zero_scope(ancestors)
-    return scope if scope is None else _strict_rank_zero_scope(ancestors)
-
-
-def direct_scope(ancestors: Sequence[cst.CSTNode]) -> Scope | None:
-    """The strongest rank-0 guard around the last node: a global one beats a local one."""
-    scope = _rank_zero_scope(ancestors) or expression_guard(ancestors)
-    if scope is not Scope.LOCAL:
-        return scope
-    # `if local_rank == 0:` nested in `if rank == 0:` is still global rank 0.
-    for depth in range(len(ancestors) - 1, 0, -1):
-        if _rank_zero_scope(ancestors[: depth + 1]) is Scope.GLOBAL:
-            return Scope.GLOBAL
-    return scope
 
 
 def non_zero_guarded(ancestors: Sequence[cst.CSTNode]) -> bool:
@@ -386,7 +307,7 @@ class RankZeroFacts:
         return self._resolve(ancestors, launcher_counts, set())
 
     def _resolve(self, ancestors: Ancestors, launcher_counts: bool, active: set) -> Resolution:
-        scope = direct_scope(ancestors)
+        scope = rank_zero_scope(ancestors)
         if scope is not None:
             return Resolution(scope)
         if launcher_counts and self.spawns_workers() and under_main_block(ancestors):

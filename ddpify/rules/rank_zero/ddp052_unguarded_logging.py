@@ -4,13 +4,12 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis.guards import Scope
+from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.names import dotted
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     Ancestors,
     RankZeroRule,
-    direct_scope,
     keyword_arg,
     last_name,
     mentions_rank,
@@ -119,7 +118,7 @@ class UnguardedLogging(RankZeroRule):
 
     def _rank_dependent(self) -> bool:
         ancestors = self.context.ancestors
-        return direct_scope(ancestors) is not None or non_zero_guarded(ancestors)
+        return rank_zero_scope(ancestors) is not None or non_zero_guarded(ancestors)
 
     def _kind(self, node: cst.Call, qualified: str | None) -> str | None:
         if qualified is None and isinstance(node.func, cst.Name) and node.func.value == "print":
