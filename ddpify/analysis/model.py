@@ -28,6 +28,31 @@ FRAMEWORKS = {
 }
 
 
+# Calls that only a multi-process script makes (besides any `torch.distributed.*` call).
+MULTIPROCESS_CALLS = frozenset(
+    {
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.utils.data.DistributedSampler",
+        "torch.multiprocessing.spawn",
+        "torch.multiprocessing.start_processes",
+    }
+)
+# String literals only a launched worker reads: torchrun's environment and the legacy flag.
+LAUNCHER_STRINGS = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "SLURM_PROCID",
+        "--local_rank",
+        "--local-rank",
+    }
+)
+# Strings the model records because rules ask about them.
+_RECORDED_STRINGS = LAUNCHER_STRINGS | {"CUDA_VISIBLE_DEVICES"}
+
+
 def unwrap_call_chain(expr: cst.BaseExpression) -> cst.Call | None:
     """The innermost constructor call of `Foo(...).to(dev).cuda()`, else `expr` if a call."""
     while (
@@ -48,6 +73,8 @@ class ScriptModel:
         self.bindings: dict[str, list[cst.BaseExpression]] = defaultdict(list)
         self.functions: dict[str, cst.FunctionDef] = {}
         self.for_loops: list[cst.For] = []
+        # Recorded string literals (launcher variables, CUDA_VISIBLE_DEVICES).
+        self.strings: set[str] = set()
 
     # -- collection, driven by the engine ------------------------------------------
 
@@ -70,6 +97,10 @@ class ScriptModel:
             self.functions.setdefault(node.name.value, node)
         elif isinstance(node, cst.For):
             self.for_loops.append(node)
+        elif isinstance(node, cst.SimpleString):
+            value = node.raw_value
+            if value in _RECORDED_STRINGS:
+                self.strings.add(value)
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         name = dotted(target)
@@ -88,6 +119,16 @@ class ScriptModel:
             if self.imports.imports_any(module):
                 return label
         return None
+
+    @property
+    def is_distributed(self) -> bool:
+        """The script runs as several processes: a `torch.distributed` call, DDP, a
+        DistributedSampler, mp.spawn, or torchrun's environment variables. Single-process
+        scripts are not wrong for lacking what DDP needs."""
+        return bool(self.strings & LAUNCHER_STRINGS) or any(
+            name in MULTIPROCESS_CALLS or name.startswith("torch.distributed.")
+            for name in self.calls
+        )
 
     def calls_to(self, *names: str) -> list[cst.Call]:
         return [call for name in names for call in self.calls.get(name, ())]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.walk import walk
+
 # Public aliases that name the same object; keys are rewritten to values.
 CANONICAL = {
     "torch.nn.parallel.distributed.DistributedDataParallel": (
@@ -124,10 +126,9 @@ def find_arg(call: cst.Call, keyword: str, position: int | None = None) -> cst.A
 def identifiers(node: cst.CSTNode) -> list[str]:
     """Every Name and attribute identifier in `node`, in source order."""
     found: list[str] = []
-
-    class _Collect(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            found.append(n.value)
-
-    node.visit(_Collect())
+    walk(node, lambda n: found.append(n.value) if isinstance(n, cst.Name) else None, _ignore)
     return found
+
+
+def _ignore(node: cst.CSTNode) -> None:
+    pass

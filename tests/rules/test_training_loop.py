@@ -6,54 +6,14 @@ import libcst as cst
 import pytest
 
 from ddpify.diagnostics import Severity
-from ddpify.engine import Context, check_source, run_rules
+from ddpify.engine import Context, check_source
 from ddpify.fixes import apply_fixes
 from ddpify.rules import select_rules
 from ddpify.rules.base import NodeFix, Rule
-from ddpify.rules.training_loop._common import insert_before, is_distributed
+from ddpify.rules.training_loop._common import insert_before
 from ddpify.rules.training_loop.ddp041_lr_not_scaled import looks_unscaled
 from ddpify.rules.training_loop.ddp043_amp_legacy_api import in_compat_shim
 from tests.helpers import codes
-
-
-def _distributed(source: str) -> bool:
-    answers = []
-
-    class Probe(Rule):
-        CODE, NAME = "DDP999", "probe"
-
-        def leave_Module(self, node: cst.Module) -> None:
-            answers.append(is_distributed(self.context))
-
-    run_rules(cst.parse_module(source), [Probe])
-    return answers[0]
-
-
-@pytest.mark.parametrize(
-    "source",
-    [
-        "import torch.distributed as dist\ndist.init_process_group('nccl')\n",
-        "from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(net)\n",
-        "from torch.utils.data.distributed import DistributedSampler as DS\ns = DS(data)\n",
-        "import torch.multiprocessing as mp\nmp.spawn(main, nprocs=2)\n",
-        "import os\nrank = int(os.environ['LOCAL_RANK'])\n",
-        "import os\nworld = int(os.getenv('WORLD_SIZE', '1'))\n",
-    ],
-)
-def test_distributed_scripts_are_recognised(source):
-    assert _distributed(source)
-
-
-@pytest.mark.parametrize(
-    "source",
-    [
-        "import torch\nmodel = torch.nn.Linear(2, 2).cuda()\n",
-        "import torch.distributed as dist\n",  # imported, never used
-        "import os\nname = os.environ['USER']\n",
-    ],
-)
-def test_single_process_scripts_are_not(source):
-    assert not _distributed(source)
 
 
 def _insert(source: str, target: str) -> str:

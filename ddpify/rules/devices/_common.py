@@ -20,12 +20,6 @@ DDP = "torch.nn.parallel.DistributedDataParallel"
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 SET_DEVICE = "torch.cuda.set_device"
 
-# Calls that make a script distributed by themselves.
-_DISTRIBUTED_CALLS = (DDP, "torch.utils.data.DistributedSampler", "torch.multiprocessing.spawn")
-# String literals that only a distributed script reads: launcher env vars and flags.
-_DISTRIBUTED_STRINGS = frozenset(
-    {"LOCAL_RANK", "RANK", "WORLD_SIZE", "--local_rank", "--local-rank", "SLURM_PROCID"}
-)
 # A process that sees one GPU only: "cuda:0" is then its own GPU.
 PINNED_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
@@ -47,32 +41,16 @@ def string_value(node: cst.BaseExpression) -> str | None:
 class DistributedRule(Rule):
     """A rule that only speaks about distributed scripts; decide in `leave_Module`."""
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self.strings_seen: set[str] = set()
-
-    def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        raw = node.raw_value
-        if raw in _DISTRIBUTED_STRINGS or raw == PINNED_VISIBLE_DEVICES:
-            self.strings_seen.add(raw)
-
     @property
     def model(self) -> ScriptModel:
         return self.context.model
 
     def is_distributed(self) -> bool:
         """Plain DDP code in this file: not single-GPU, not delegated to a framework."""
-        if self.model.framework is not None:
-            return False
-        if self.strings_seen & _DISTRIBUTED_STRINGS:
-            return True
-        return any(
-            name.startswith("torch.distributed.") or name in _DISTRIBUTED_CALLS
-            for name in self.model.calls
-        )
+        return self.model.framework is None and self.model.is_distributed
 
     def pins_visible_devices(self) -> bool:
-        return PINNED_VISIBLE_DEVICES in self.strings_seen
+        return PINNED_VISIBLE_DEVICES in self.model.strings
 
     def enclosing_function(self) -> cst.FunctionDef | None:
         return self.context.enclosing(cst.FunctionDef)  # type: ignore[return-value]

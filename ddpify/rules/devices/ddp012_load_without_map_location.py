@@ -39,7 +39,6 @@ class LoadWithoutMapLocation(DistributedRule):
         self.mentions_cuda = False
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        super().visit_SimpleString(node)
         raw = node.raw_value
         self.mentions_cuda |= raw.startswith("cuda") or raw == "nccl"
 

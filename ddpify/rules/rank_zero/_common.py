@@ -41,16 +41,6 @@ SPAWN_CALLS = {
     "torch.multiprocessing.start_processes",
 }
 PROCESS_CALLS = {"multiprocessing.Process", "torch.multiprocessing.Process"}
-# Anything here means the script runs as several processes.
-_DISTRIBUTED_CALLS = {DDP, "torch.utils.data.DistributedSampler", *SPAWN_CALLS}
-_DISTRIBUTED_STRINGS = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "--local_rank",
-    "--local-rank",
-}
 _PER_PROCESS_IDENTIFIERS = {"gpu", "gpu_id", "local_gpu", "device_id", "gpu_idx"}
 _MAIN_PREDICATE = re.compile(
     r"^(is_|on_)?(local_|global_)?(main|master|primary|chief|rank_?0|rank_?zero|global_zero)"
@@ -211,7 +201,6 @@ class RankZeroFacts:
     )
     # Every name ever assigned a DDP wrapper: a cheap filter before `wrapper_binding`.
     wrapper_names: set[str] = field(default_factory=set)
-    distributed_strings: bool = False
     callee: str | None = None  # the qualified name of the call visited last
     _seen: dict[str, cst.CSTNode] = field(default_factory=dict)
     _resolved: dict[tuple[str, bool, bool], Resolution] = field(default_factory=dict)
@@ -280,19 +269,7 @@ class RankZeroFacts:
             for t, v in zip(target.elements, value.elements):
                 self._bind(t.value, v.value, ancestors)
 
-    def record_string(self, node: cst.SimpleString) -> None:
-        if not self.distributed_strings and node.value.strip("'\"") in _DISTRIBUTED_STRINGS:
-            self.distributed_strings = True
-
     # -- whole-file questions ----------------------------------------------------------
-
-    def is_distributed(self) -> bool:
-        """The script runs as several processes: a process group, DDP, a sampler, torchrun's
-        environment or mp.spawn. Plain single-process scripts print and save freely."""
-        calls = self.context.model.calls
-        return self.distributed_strings or any(
-            name in _DISTRIBUTED_CALLS or name.startswith(DIST + ".") for name in calls
-        )
 
     def spawns_workers(self) -> bool:
         """mp.spawn scripts: the `__main__` block runs once, in the launching process."""
@@ -451,9 +428,6 @@ class RankZeroRule(Rule):
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self.facts.record_assign(node)
-
-    def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        self.facts.record_string(node)
 
     def on_call(self, node: cst.Call, qualified: str | None) -> None:
         """A call, after the facts recorded it; `qualified` is its callee through imports."""

@@ -92,7 +92,7 @@ class UnguardedSave(RankZeroRule):
         )
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.saves or self.delegates_to_framework() or not self.facts.is_distributed():
+        if not self.saves or self.delegates_to_framework() or not self.context.model.is_distributed:
             return
         for save in self.saves:
             resolution = self.facts.resolve(save.ancestors)

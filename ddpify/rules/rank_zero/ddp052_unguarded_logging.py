@@ -161,7 +161,11 @@ class UnguardedLogging(RankZeroRule):
         return False
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.outputs or self.delegates_to_framework() or not self.facts.is_distributed():
+        if (
+            not self.outputs
+            or self.delegates_to_framework()
+            or not self.context.model.is_distributed
+        ):
             return
         statements: set[int] = set()
         loggers = self.context.model.names_bound_to("logging.getLogger")

@@ -10,20 +10,7 @@ import libcst as cst
 from ddpify.walk import children
 
 if TYPE_CHECKING:
-    from ddpify.engine import Context
-
-# Calls that only a multi-process script makes.
-DISTRIBUTED_CALLS = (
-    "torch.distributed.init_process_group",
-    "torch.distributed.device_mesh.init_device_mesh",
-    "torch.distributed.get_world_size",
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.utils.data.DistributedSampler",
-    "torch.multiprocessing.spawn",
-)
-# What torchrun and torch.distributed.launch export to every worker.
-LAUNCHER_ENV = {"LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
-
+    pass
 
 def parents_and_children(root: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
     """Every (parent, child) pair below `root`, parents before their children.
@@ -41,20 +28,6 @@ def parents_and_children(root: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.C
 
 def descendants(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
     return (child for _, child in parents_and_children(root))
-
-
-def is_distributed(context: Context) -> bool:
-    """Whether the script runs as several processes (call only from `leave_Module`).
-
-    The environment scan walks the tree again, so callers ask only once they have
-    something to report.
-    """
-    if context.model.calls_any(*DISTRIBUTED_CALLS):
-        return True
-    return any(
-        isinstance(node, cst.SimpleString) and node.evaluated_value in LAUNCHER_ENV
-        for node in descendants(context.module)
-    )
 
 
 def insert_before(

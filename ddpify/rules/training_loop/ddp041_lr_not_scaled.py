@@ -14,7 +14,7 @@ import libcst as cst
 from ddpify.analysis.names import dotted, find_arg
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
-from ddpify.rules.training_loop._common import descendants, is_distributed
+from ddpify.rules.training_loop._common import descendants
 
 _LR_NAME = re.compile(r"^(base_|init_|initial_|max_|peak_|default_)?(lr|learning_rate)$", re.I)
 _LR_WORD = re.compile(r"(^|_)lr($|_)|learning_?rate", re.I)
@@ -146,7 +146,7 @@ class LrNotScaled(Rule):
         if self.context.model.framework is not None:
             return
         candidates = self._candidates()
-        if not candidates or not is_distributed(self.context):
+        if not candidates or not self.context.model.is_distributed:
             return
         if any(_adapts_to_world(child) for child in descendants(node)):
             return
