@@ -1,12 +1,14 @@
 """A content-hash cache of per-file results, so an unchanged tree re-checks in I/O time.
 
-Keyed by the file's bytes, its name (diagnostics carry it), the ddpify version and the
-enabled rule codes: any change to one of them is a miss. Stored as one JSON document
-per directory of the cache, written atomically at the end of a run.
+Keyed by the file's bytes, its name (diagnostics carry it), the enabled rule codes and
+a fingerprint of ddpify's own code (version, and each module's size and mtime, so an
+edited checkout never serves stale results): any change to one of them is a miss.
+Stored as one JSON document, written atomically at the end of a run.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -18,7 +20,18 @@ from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, S
 from ddpify.engine import FileResult
 from ddpify.files import write_atomic
 
+CACHE_DIR = ".ddpify_cache"
 CACHE_FILE = "check-results.json"
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(package.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
 
 
 def _location(data: dict[str, int]) -> Location:
@@ -55,7 +68,7 @@ def _decode(data: dict[str, Any]) -> Diagnostic:
 class ResultCache:
     def __init__(self, directory: Path, codes: Sequence[str]) -> None:
         self.path = directory / CACHE_FILE
-        self.salt = f"{__version__}\0{','.join(sorted(codes))}".encode()
+        self.salt = f"{code_fingerprint()}\0{','.join(sorted(codes))}".encode()
         self.entries: dict[str, Any] = {}
         self.used: dict[str, Any] = {}
         try:

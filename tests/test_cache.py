@@ -38,3 +38,20 @@ def test_damaged_cache_is_ignored(tmp_path):
     run(tmp_path)
     (tmp_path / "c" / "check-results.json").write_text("{not json")
     assert len(run(tmp_path).diagnostics) == 1
+
+
+def test_cli_uses_the_cache_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    from ddpify.cli import main
+
+    monkeypatch.setenv("DDPIFY_CACHE_DIR", str(tmp_path / "cache"))
+    script = tmp_path / "a.py"
+    script.write_text(DP)
+    argv = ["check", str(script), "--output-format", "concise"]
+    assert main(argv) == 1
+    cold = capsys.readouterr().out
+    assert (tmp_path / "cache" / "check-results.json").exists()
+    assert main(argv) == 1
+    assert capsys.readouterr().out == cold
+    (tmp_path / "cache" / "check-results.json").unlink()
+    assert main([*argv, "--no-cache"]) == 1
+    assert not (tmp_path / "cache" / "check-results.json").exists()

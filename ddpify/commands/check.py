@@ -14,6 +14,7 @@ from typing import TextIO
 
 from ddpify import engine
 from ddpify.api import CheckReport, check_paths, collect_files
+from ddpify.cache import CACHE_DIR
 from ddpify.config import Config, ConfigError, load_config
 from ddpify.diagnostics import Diagnostic, Severity
 from ddpify.files import SourceError, decode_source, read_source, write_atomic
@@ -101,6 +102,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     settings = parser.add_mutually_exclusive_group()
     settings.add_argument("--config", metavar="PATH", help="use this pyproject.toml/ddpify.toml")
     settings.add_argument("--isolated", action="store_true", help="ignore every configuration file")
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="re-check every file (results are cached in .ddpify_cache/ by content hash; "
+        "DDPIFY_CACHE_DIR moves it)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     parser.set_defaults(run=run)
 
@@ -232,7 +239,8 @@ def _run_paths(
     name_patterns = [p for p in config.exclude_patterns if "/" not in p.strip("/")]
     files, path_errors, empty_dirs = collect_files(args.paths, [*args.exclude, *name_patterns])
     files = [f for f in files if not config.is_excluded(f)]
-    report = check_paths([str(f) for f in files], rules)
+    cache_dir = None if args.no_cache else Path(os.environ.get("DDPIFY_CACHE_DIR", CACHE_DIR))
+    report = check_paths([str(f) for f in files], rules, cache_dir=cache_dir)
     report.path_errors, report.empty_dirs = path_errors, empty_dirs
     for result in report.results:
         result.diagnostics = config.filter(result.diagnostics, result.filename)
