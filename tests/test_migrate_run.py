@@ -1,7 +1,9 @@
 """The converted fixture scripts run: as one plain process and under torchrun (2 CPU ranks).
 
-Marked `torchrun`; `pytest -m "not torchrun"` skips them. Each case runs in its own
-temporary directory so checkpoints do not collide.
+Marked `torchrun`; `pytest -m "not torchrun"` skips them. Starting Python, importing torch
+and launching workers cost far more than these tiny scripts, so every case runs inside one
+process (fixtures/migrate/run_cases.py runs each after.py as `__main__`) and inside one
+torchrun launch; one case also runs through the literal commands a user types.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import pytest
 
 from tests.helpers import FIXTURES
 
+pytest.importorskip("torch")
+
 CASES_DIR = FIXTURES / "migrate"
+RUNNER = CASES_DIR / "run_cases.py"
 UNTOUCHED = {"accelerate_script", "lightning_script"}  # need packages CI does not install
 CASES = sorted(
     p.name for p in CASES_DIR.iterdir() if (p / "after.py").is_file() and p.name not in UNTOUCHED
 )
-TIMEOUT = 120
-
-pytest.importorskip("torch")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+TIMEOUT = 300
 
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -34,23 +38,38 @@ def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     done = subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
     )
-    print(f"{time.perf_counter() - start:6.1f}s  {' '.join(command[1:])}")
+    shown = " ".join(Path(part).name if "/" in part else part for part in command[1:8])
+    print(f"\n{time.perf_counter() - start:6.1f}s  {shown} ...", end="")
     return done
 
 
+def _cases() -> list[str]:
+    return [str(CASES_DIR / case) for case in CASES]
+
+
 @pytest.mark.torchrun
-@pytest.mark.parametrize("case", CASES)
-def test_after_runs_as_one_process_and_under_torchrun(case, tmp_path):
-    script = str(CASES_DIR / case / "after.py")
-    single = _run([sys.executable, script], tmp_path)
-    assert single.returncode == 0, single.stderr[-3000:]
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        script,
-    ]
-    both = _run(torchrun, tmp_path)
-    assert both.returncode == 0, both.stderr[-3000:]
+def test_every_case_runs_as_one_process(tmp_path):
+    done = _run([sys.executable, str(RUNNER), str(tmp_path), *_cases()], tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for case in CASES:
+        assert f"ddpify-case {case} rank - ok" in done.stdout
+
+
+@pytest.mark.torchrun
+def test_every_case_runs_under_torchrun_with_two_ranks(tmp_path):
+    done = _run([*TORCHRUN, str(RUNNER), str(tmp_path), *_cases()], tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for case in CASES:
+        for rank in (0, 1):
+            assert f"ddpify-case {case} rank {rank} ok" in done.stdout
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("launcher", ["python", "torchrun"])
+def test_the_literal_commands_run(launcher, tmp_path):
+    script = str(CASES_DIR / "single_main_argparse" / "after.py")
+    command = [sys.executable, script] if launcher == "python" else [*TORCHRUN, script]
+    done = _run([*command, "--epochs", "1"], tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "val accuracy" in done.stdout
+    assert (tmp_path / "mlp.pt").is_file()
