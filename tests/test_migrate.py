@@ -397,3 +397,10 @@ def test_framework_script_exits_1_with_the_reason(capsys):
 def test_script_arguments_need_verify(script, capsys):
     assert main(["migrate", str(script), "--", "--epochs", "1"]) == 2
     assert "--verify" in capsys.readouterr().err
+
+
+def test_options_after_the_script_count(script, capsys):
+    assert main(["migrate", "--amp", "off", str(script), "--diff", "--batch-policy", "global"]) == 0
+    diff = capsys.readouterr().out
+    assert "autocast" not in diff and "// WORLD_SIZE" in diff
+    assert script.read_text() == SIMPLE

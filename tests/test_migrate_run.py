@@ -73,3 +73,20 @@ def test_the_literal_commands_run(launcher, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert "val accuracy" in done.stdout
     assert (tmp_path / "mlp.pt").is_file()
+
+
+@pytest.mark.torchrun
+def test_verify_writes_only_after_the_gradients_match(tmp_path):
+    from ddpify.cli import main
+
+    script = tmp_path / "train.py"
+    original = (CASES_DIR / "single_main_argparse" / "before.py").read_text()
+    script.write_text(original)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main(["migrate", str(script), "--verify", "--", "--epochs", "1"])
+    finally:
+        os.chdir(cwd)
+    assert code == 0
+    assert script.read_text() == (CASES_DIR / "single_main_argparse" / "after.py").read_text()

@@ -44,6 +44,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("script", help="the training script")
+    _add_options(parser)
+    # Everything after SCRIPT: more options, then `--` and the script's own arguments.
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(run=run)
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", help="write here instead of rewriting SCRIPT in place")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--diff", action="store_true", help="print a unified diff, write nothing")
@@ -79,10 +86,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "--verify",
             action="store_true",
             help="run the original and the result (2 processes, CPU) and write only if the "
-            "gradients match; script arguments follow `--`",
+            "gradients match; the script's own arguments follow `--`",
         )
-    parser.add_argument("script_args", nargs="*", help=argparse.SUPPRESS)
-    parser.set_defaults(run=run)
+
+
+def _split_rest(args: argparse.Namespace) -> list[str]:
+    """Options given after SCRIPT are parsed here; what follows `--` goes to the script."""
+    rest = list(args.rest)
+    if "--" in rest:
+        index = rest.index("--")
+        options, script_args = rest[:index], rest[index + 1 :]
+    else:
+        options, script_args = rest, []
+    if options:
+        late = argparse.ArgumentParser(prog="ddpify migrate SCRIPT", add_help=False)
+        _add_options(late)
+        defaults = vars(late.parse_args([]))
+        given, unknown = late.parse_known_args(options)
+        for key, value in vars(given).items():
+            if value != defaults[key]:  # given after SCRIPT: wins over the default
+                setattr(args, key, value)
+        script_args = unknown + script_args  # argparse may have eaten the `--` already
+    return script_args
 
 
 def _verify_available() -> bool:
@@ -94,8 +119,9 @@ def _verify_available() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    script_args = _split_rest(args)
     verify = getattr(args, "verify", False)
-    if args.script_args and not verify:
+    if script_args and not verify:
         print(
             "ddpify: error: script arguments (after `--`) are only used with --verify",
             file=sys.stderr,
@@ -132,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         result.render(report, str(target))
         return EXIT_OK
     if verify and result.changed:
-        code = _verify(result, Path(args.script), target, args.script_args)
+        code = _verify(result, Path(args.script), target, script_args)
         if code != EXIT_OK:
             return code
     if result.changed or args.output:
