@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,7 +164,10 @@ def test_timeout_exits_2_and_leaves_no_process(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_leaves_no_process(tmp_path):
-    hang = BROKEN / "hang_converted.py"
+    # A copy of its own: processes are found by script path, and the timeout test may be
+    # running the same hanging script at the same time in another worker.
+    hang = tmp_path / "hang_converted_ctrl_c.py"
+    shutil.copy(BROKEN / "hang_converted.py", hang)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
     ddpify = subprocess.Popen(
         [sys.executable, "-m", "ddpify", "verify", str(MLP / "original.py"), str(hang)],
