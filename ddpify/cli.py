@@ -57,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("DDPIFY_DEBUG"):
             traceback.print_exc()
         else:
-            print("ddpify: set DDPIFY_DEBUG=1 for the traceback, and please report it",
-                  file=sys.stderr)
+            print(
+                "ddpify: set DDPIFY_DEBUG=1 for the traceback, and please report it",
+                file=sys.stderr,
+            )
         return EXIT_ERROR

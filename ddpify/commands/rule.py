@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rule = RULES_BY_CODE.get(args.code.upper())
     if rule is None:
-        print(f"ddpify: error: unknown rule {args.code!r}; `ddpify rule --all` lists them",
-              file=sys.stderr)
+        print(
+            f"ddpify: error: unknown rule {args.code!r}; `ddpify rule --all` lists them",
+            file=sys.stderr,
+        )
         return 2
     if args.output_format == "json":
         json.dump(_as_dict(rule), sys.stdout, indent=2)

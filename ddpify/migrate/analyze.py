@@ -106,7 +106,7 @@ def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
         if tree.imports.imports_any(module):
             return Shape.FRAMEWORK, (
                 f"the script uses {label}, which launches processes, shards data and "
-                "guards rank-0 I/O itself; use its own launcher (e.g. `accelerate launch`)"
+                "guards rank-0 I/O itself; launch it the way it documents"
             )
     if not tree.imports.imports_any("torch"):
         return Shape.UNKNOWN, "the script does not import torch"

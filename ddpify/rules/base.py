@@ -67,7 +67,7 @@ class Rule:
     def handlers(cls, prefix: str) -> dict[str, str]:
         """Node type name -> method name, for every `visit_X` (or `leave_X`) defined."""
         return {
-            attr[len(prefix):]: attr
+            attr[len(prefix) :]: attr
             for attr in dir(cls)
             if attr.startswith(prefix) and callable(getattr(cls, attr))
         }

@@ -12,6 +12,7 @@ from ddpify.walk import children
 if TYPE_CHECKING:
     pass
 
+
 def parents_and_children(root: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]:
     """Every (parent, child) pair below `root`, parents before their children.
 
