@@ -171,17 +171,7 @@ def _autocast(tree, plan, edits, forward, statement, backward, step) -> None:
     step_statement = tree.statement(step)
     edits.after[step_statement].append(snippets.statement("SCALER.update()"))
     template = snippets.statement(snippets.AUTOCAST)
-
-    def wrap(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        first = members[0]
-        body = [snippets.bare(first), *members[1:]]
-        return [
-            template.with_changes(
-                body=template.body.with_changes(body=body), leading_lines=first.leading_lines
-            )
-        ]
-
-    edits.group(forward, wrap)
+    edits.group(forward, snippets.nested_under(template))
     plan.change(
         NAME,
         "autocast around the forward pass and the loss",

@@ -217,17 +217,7 @@ def _guard(tree, plan, edits, run: list[cst.BaseStatement], test: str, local: se
         edits.replace(owner.test, new_test)
         return
     template = snippets.statement(f"if {test}:\n    pass\n")
-
-    def wrap(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        first = members[0]
-        body = [snippets.bare(first), *members[1:]]
-        return [
-            template.with_changes(
-                body=template.body.with_changes(body=body), leading_lines=first.leading_lines
-            )
-        ]
-
-    edits.group(run, wrap)
+    edits.group(run, snippets.nested_under(template))
 
 
 def _record(tree: Tree, plan: Plan, stmt: cst.BaseStatement, local: set[str]) -> None:

@@ -86,6 +86,22 @@ def bare(node: cst.BaseStatement) -> cst.BaseStatement:
     return node.with_changes(leading_lines=[])
 
 
+def nested_under(template: cst.BaseCompoundStatement):
+    """A grouping callback: put the statements into `template`'s body (`with ...:`,
+    `if ...:`), the first one's comments and blank lines staying above the new block."""
+
+    def wrap(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        first = members[0]
+        body = [bare(first), *members[1:]]
+        return [
+            template.with_changes(
+                body=template.body.with_changes(body=body), leading_lines=first.leading_lines
+            )
+        ]
+
+    return wrap
+
+
 def try_finally(body: list[cst.BaseStatement], cleanup: cst.BaseStatement) -> cst.Try:
     """`try: <body> finally: <cleanup>`, keeping the first statement's leading lines outside."""
     first = body[0]
