@@ -31,3 +31,11 @@ def fix(source: str, select: list[str], unsafe: bool = False) -> str:
     from ddpify.fixes import apply_fixes
 
     return apply_fixes(source, lint(source, select), unsafe=unsafe)
+
+
+def fix_cleanly(source: str, code: str, unsafe: bool = False) -> str:
+    """`code`'s fixes applied; the result must compile and no longer report `code`."""
+    fixed = fix(source, [code], unsafe=unsafe)
+    compile(fixed, "fixed.py", "exec")
+    assert code not in codes(fixed, [code])
+    return fixed

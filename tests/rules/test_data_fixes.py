@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import codes, fix, lint
+from tests.helpers import fix, fix_cleanly, lint
 
 
 def src(text: str) -> str:
@@ -15,10 +15,7 @@ def src(text: str) -> str:
 
 
 def check_fixed(before: str, expected: str, code: str, unsafe: bool = False) -> None:
-    fixed = fix(before, [code], unsafe=unsafe)
-    assert fixed == expected
-    compile(fixed, "fixed.py", "exec")
-    assert code not in codes(fixed, [code])
+    assert fix_cleanly(before, code, unsafe) == expected
 
 
 # -- DDP022: set_epoch --------------------------------------------------------------------

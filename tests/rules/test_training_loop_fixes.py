@@ -8,18 +8,11 @@ import warnings
 import pytest
 
 from ddpify.fixes import apply_fixes
-from tests.helpers import codes, fix, lint
+from tests.helpers import codes, fix, fix_cleanly, lint
 
 
 def _dedent(text: str) -> str:
     return textwrap.dedent(text).lstrip("\n")
-
-
-def _fixed_cleanly(source: str, code: str, unsafe: bool = False) -> str:
-    fixed = fix(source, [code], unsafe=unsafe)
-    compile(fixed, "fixed.py", "exec")
-    assert code not in codes(fixed, [code])
-    return fixed
 
 
 # -- DDP043 -----------------------------------------------------------------------------
@@ -87,7 +80,7 @@ AMP_CASES = [
 
 @pytest.mark.parametrize(("source", "expected"), AMP_CASES)
 def test_amp_call_sites_are_renamed(source, expected):
-    assert _fixed_cleanly(source, "DDP043") == expected
+    assert fix_cleanly(source, "DDP043") == expected
 
 
 def test_from_import_is_rewritten_with_every_call_in_one_fix():
@@ -125,7 +118,7 @@ def test_from_import_is_rewritten_with_every_call_in_one_fix():
     assert len(diagnostics) == 3
     # Any one diagnostic's fix alone leaves a working script: it carries all the edits.
     assert all(apply_fixes(source, [d]) == expected for d in diagnostics)
-    assert _fixed_cleanly(source, "DDP043") == expected
+    assert fix_cleanly(source, "DDP043") == expected
 
 
 def test_fixed_cpu_code_runs_without_deprecation_warnings():
@@ -141,7 +134,7 @@ def test_fixed_cpu_code_runs_without_deprecation_warnings():
         scaler = torch.cpu.amp.GradScaler(enabled=False)
         """
     )
-    fixed = _fixed_cleanly(source, "DDP043")
+    fixed = fix_cleanly(source, "DDP043")
     namespace: dict = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
@@ -201,7 +194,7 @@ def test_unscale_is_inserted_above_the_clip_and_its_comment():
         "\n        # keep updates bounded\n",
         "\n        # keep updates bounded\n        scaler.unscale_(optimizer)\n",
     )
-    assert _fixed_cleanly(source, "DDP044") == expected
+    assert fix_cleanly(source, "DDP044") == expected
 
 
 def test_unscale_goes_into_the_accumulation_block_of_a_method():
@@ -223,7 +216,7 @@ def test_unscale_goes_into_the_accumulation_block_of_a_method():
         "            norm =",
         "            self.scaler.unscale_(self.optimizer)\n            norm =",
     )
-    assert _fixed_cleanly(source, "DDP044") == expected
+    assert fix_cleanly(source, "DDP044") == expected
 
 
 def test_unscale_at_module_level():
@@ -237,7 +230,7 @@ def test_unscale_at_module_level():
         """
     )
     expected = source.replace("torch.nn.utils.clip", "scaler.unscale_(opt)\ntorch.nn.utils.clip")
-    assert _fixed_cleanly(source, "DDP044") == expected
+    assert fix_cleanly(source, "DDP044") == expected
 
 
 def test_clip_outside_the_amp_branch_needs_unsafe_fixes():
@@ -257,7 +250,7 @@ def test_clip_outside_the_amp_branch_needs_unsafe_fixes():
         """
     )
     assert fix(source, ["DDP044"]) == source
-    fixed = _fixed_cleanly(source, "DDP044", unsafe=True)
+    fixed = fix_cleanly(source, "DDP044", unsafe=True)
     assert "    scaler.unscale_(optimizer)\n    torch.nn.utils.clip" in fixed
 
 
@@ -323,4 +316,4 @@ def test_fixed_loop_clips_the_true_gradient_norm():
     true_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
 
     assert clipped_norm(source) == pytest.approx(1024.0 * true_norm, rel=1e-5)
-    assert clipped_norm(_fixed_cleanly(source, "DDP044")) == pytest.approx(true_norm, rel=1e-5)
+    assert clipped_norm(fix_cleanly(source, "DDP044")) == pytest.approx(true_norm, rel=1e-5)
