@@ -23,7 +23,7 @@ from ddpify.rules.process_group._common import (
 )
 
 DEVICE_COUNT = "torch.cuda.device_count"
-_INTERESTING_CALLEES = {"spawn", "start_processes", "update", "putenv"}
+_INTERESTING_CALLEES = {"spawn", "start_processes", "update", "putenv", "init_process_group"}
 _TORCHRUN_FLAG = {"MASTER_ADDR": "--master-addr", "MASTER_PORT": "--master-port"}
 
 
@@ -49,6 +49,8 @@ class HardcodedLaunchConfig(Rule):
         self.env = EnvReads()
         self.findings: list[_Finding] = []
         self.spawns: list[tuple[cst.Call, bool]] = []
+        # init_process_group calls in the branch taken when torchrun's variables are absent
+        self.fallback_inits: set[int] = set()
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
         self.env.observe_comparison(node, self.context.imports)
@@ -71,6 +73,8 @@ class HardcodedLaunchConfig(Rule):
         name = self.context.qualify(node.func)
         if name in MP_SPAWN:
             self.spawns.append((node, self._under_env_test()))
+        elif name == INIT_PROCESS_GROUP and self._under_env_test():
+            self.fallback_inits.add(id(node))
         elif name == "os.environ.update":
             self._environ_update(node)
         elif name == "os.putenv" and node.args:
@@ -194,7 +198,8 @@ class HardcodedLaunchConfig(Rule):
             literal = any(_is_int(arg.value) for arg in args)
             if _one_process(call):
                 info = None  # `rank=0, world_size=1`: a one-process group, e.g. for tests
-            found.append(_Finding(args[0], warning, info, literal=literal))
+            conditional = id(call) in self.fallback_inits
+            found.append(_Finding(args[0], warning, info, conditional, literal))
         return found
 
     def _derived_from_env(self, expr: cst.BaseExpression, depth: int = 0) -> bool:
