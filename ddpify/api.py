@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -13,6 +14,7 @@ from ddpify.cache import ResultCache
 from ddpify.diagnostics import Diagnostic, Severity
 from ddpify.engine import FileResult, check_bytes, parse_error
 from ddpify.files import iter_python_files
+from ddpify.guarded import GaveUp, isolated
 from ddpify.rules import RULES_BY_CODE
 from ddpify.rules.base import Rule
 
@@ -88,6 +90,29 @@ def _check_data(args: tuple[str, bytes, Sequence[str]]) -> FileResult:
     return check_bytes(data, filename, [RULES_BY_CODE[code] for code in codes])
 
 
+def _check_in_pool(work: list[tuple[str, bytes, Sequence[str]]], jobs: int) -> list[FileResult]:
+    results: list[FileResult | None] = [None] * len(work)
+    try:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for index, result in enumerate(pool.map(_check_data, work, chunksize=8)):
+                results[index] = result
+    except BrokenProcessPool:
+        # A worker died inside native code. Check what is left one file per child, so the
+        # file that kills it is named and every other file still gets its findings.
+        pass
+    return [
+        result if result is not None else _check_alone(item) for result, item in zip(results, work)
+    ]
+
+
+def _check_alone(item: tuple[str, bytes, Sequence[str]]) -> FileResult:
+    name = item[0]
+    try:
+        return isolated(_check_data, item)
+    except GaveUp as exc:
+        return FileResult(name, [parse_error(name, f"cannot analyse: {exc}")])
+
+
 def check_paths(
     paths: Iterable[str],
     rules: Sequence[type[Rule]],
@@ -120,8 +145,7 @@ def check_paths(
     work = [(name, data, codes) for _, name, data in pending]
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     if jobs > 1 and len(work) >= PARALLEL_THRESHOLD:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            fresh = list(pool.map(_check_data, work, chunksize=8))
+        fresh = _check_in_pool(work, jobs)
     else:
         fresh = [_check_data(item) for item in work]
     for (index, name, data), result in zip(pending, fresh):

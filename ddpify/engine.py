@@ -18,6 +18,7 @@ from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
+from ddpify.guarded import GaveUp, guarded, python_rejects, risky
 from ddpify.rules.base import NodeFix, Report, Rule
 from ddpify.walk import walk
 
@@ -128,6 +129,12 @@ def parse_error(filename: str, message: str, row: int = 1, column: int = 1) -> D
 
 
 def parse(text: str, filename: str) -> cst.Module | Diagnostic:
+    if risky(text):  # let CPython's bounded parser refuse what would crash libcst's
+        error = python_rejects(text, filename)
+        if error is not None:
+            return parse_error(
+                filename, f"cannot parse: {error.msg}", error.lineno or 1, error.offset or 1
+            )
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -169,11 +176,19 @@ def run_rules(
 def check_source(
     text: str, filename: str, rule_types: Sequence[type[Rule]], *, force: bool = False
 ) -> FileResult:
-    """Lint one file's text. `force` parses even when the file never mentions torch."""
-    result = FileResult(filename)
+    """Lint one file's text. `force` parses even when the file never mentions torch.
+
+    A file that crashes or stalls the parser becomes a DDP000 finding (see guarded.py)."""
     if not force and not mentions_torch(text):
-        result.skipped = True
-        return result
+        return FileResult(filename, skipped=True)
+    try:
+        return guarded(_check_text, text, filename, rule_types)
+    except GaveUp as exc:
+        return FileResult(filename, [parse_error(filename, f"cannot analyse: {exc}")])
+
+
+def _check_text(text: str, filename: str, rule_types: Sequence[type[Rule]]) -> FileResult:
+    result = FileResult(filename)
     module = parse(text, filename)
     if isinstance(module, Diagnostic):
         result.diagnostics.append(module)

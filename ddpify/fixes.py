@@ -12,6 +12,7 @@ from typing import Callable
 
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Location
 from ddpify.gates import GateError, check_compiles, check_roundtrip
+from ddpify.guarded import GaveUp, guarded
 
 # A fix that keeps producing new fixes after this many rounds is a bug in a rule.
 MAX_ROUNDS = 10
@@ -123,8 +124,22 @@ def fix_until_stable(
     Every round's output must compile (else GateError names the codes whose fixes broke
     it), and the loop must settle within `max_rounds`: a rewrite that keeps changing its
     own output is not idempotent. `lint` must already drop `# noqa`-suppressed findings,
-    which is what keeps their fixes from being applied.
+    which is what keeps their fixes from being applied. A file that crashes or stalls the
+    parser fails the `parse` gate (see guarded.py).
     """
+    try:
+        return guarded(_fix_until_stable, text, lint, unsafe, filename, max_rounds)
+    except GaveUp as exc:
+        raise GateError("parse", f"cannot analyse: {exc}") from None
+
+
+def _fix_until_stable(
+    text: str,
+    lint: Callable[[str], list[Diagnostic]],
+    unsafe: bool,
+    filename: str,
+    max_rounds: int,
+) -> FixOutcome:
     outcome = FixOutcome(text, text)
     diagnostics = lint(text)
     if not fixable(diagnostics, unsafe):

@@ -10,6 +10,8 @@ from typing import Callable
 
 import libcst as cst
 
+from ddpify.guarded import python_rejects
+
 
 class GateError(Exception):
     def __init__(self, pass_name: str, reason: str) -> None:
@@ -17,9 +19,17 @@ class GateError(Exception):
         self.pass_name = pass_name
         self.reason = reason
 
+    def __reduce__(self):  # crosses back from an isolated child (guarded.py)
+        return (GateError, (self.pass_name, self.reason))
+
 
 def check_roundtrip(text: str) -> cst.Module:
-    """The input must come back from libcst byte for byte, or we must not touch it."""
+    """The input must be Python that CPython compiles, and come back from libcst byte for
+    byte, or we must not touch it."""
+    error = python_rejects(text, "<input>")
+    if error is not None:
+        where = f" (line {error.lineno})" if error.lineno else ""
+        raise GateError("parse", f"input does not parse: {error.msg}{where}")
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:

@@ -210,10 +210,7 @@ def _fix_file(
     except SourceError:
         return None  # already reported by the lint pass
     except GateError as exc:
-        totals.failures.append(
-            f"{path}: the `{exc.pass_name}` fix failed a safety gate ({exc.reason}); "
-            "the file was left unchanged"
-        )
+        totals.failures.append(_fix_failure(path, exc, "the file was left unchanged"))
         return None
     if outcome.changed:
         if write:
@@ -315,6 +312,12 @@ def _finish_diff(args: argparse.Namespace, report: CheckReport, totals: FixTotal
     return EXIT_FINDINGS if totals.diffs and not args.exit_zero else EXIT_OK
 
 
+def _fix_failure(path: str, exc: GateError, outcome: str) -> str:
+    if exc.pass_name == "parse":  # the input, not a fix, is the problem
+        return f"{path}: {exc.reason}; {outcome}"
+    return f"{path}: the `{exc.pass_name}` fix failed a safety gate ({exc.reason}); {outcome}"
+
+
 def _read_stdin(filename: str):
     try:
         return decode_source(sys.stdin.buffer.read(), filename)
@@ -337,10 +340,7 @@ def _run_stdin(
         try:
             outcome = fix_until_stable(text, lint, unsafe=unsafe, filename=filename)
         except GateError as exc:
-            return _error(
-                f"{filename}: the `{exc.pass_name}` fix failed a safety gate ({exc.reason}); "
-                "nothing was changed"
-            )
+            return _error(_fix_failure(filename, exc, "nothing was changed"))
         text, diagnostics = outcome.text, outcome.remaining
     else:
         diagnostics = lint(text)

@@ -15,6 +15,7 @@ from typing import Callable
 import libcst as cst
 
 from ddpify.gates import GateError, check_compiles, check_roundtrip
+from ddpify.guarded import GaveUp, guarded
 from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wrap
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze
 from ddpify.migrate.edits import Edits
@@ -42,7 +43,21 @@ def migrate_source(
     gates: bool = True,
     passes: Sequence[Pass] | None = None,
 ) -> MigrationResult:
-    """Migrate one script's text. Raises GateError when a safety gate fails."""
+    """Migrate one script's text. Raises GateError when a safety gate fails, and fails
+    the `parse` gate for a file that crashes or stalls the parser (see guarded.py)."""
+    try:
+        return guarded(_migrate_source, text, filename, options, gates, passes)
+    except GaveUp as exc:
+        raise GateError("parse", f"cannot analyse: {exc}") from None
+
+
+def _migrate_source(
+    text: str,
+    filename: str,
+    options: Options | None,
+    gates: bool,
+    passes: Sequence[Pass] | None,
+) -> MigrationResult:
     options = options or Options()
     passes = PASSES if passes is None else passes
     module = check_roundtrip(text)
