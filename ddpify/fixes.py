@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Location
-from ddpify.gates import GateError, check_compiles, check_roundtrip
+from ddpify.gates import GateError, check_comments_kept, check_compiles, check_roundtrip
 from ddpify.guarded import GaveUp, guarded
 
 # A fix that keeps producing new fixes after this many rounds is a bug in a rule.
@@ -156,6 +156,7 @@ def _fix_until_stable(
             break  # fixes that change nothing: settled, and nothing was fixed
         codes = ", ".join(sorted({d.code for d in chosen}))
         check_compiles(new_text, f"fix {codes}", filename)
+        check_comments_kept(outcome.text, new_text, f"fix {codes}")
         outcome.text = new_text
         outcome.fixed.extend(chosen)
         outcome.rounds += 1

@@ -6,6 +6,9 @@ then write nothing and report the error.
 
 from __future__ import annotations
 
+import io
+import tokenize
+from collections import Counter
 from typing import Callable
 
 import libcst as cst
@@ -45,6 +48,26 @@ def check_compiles(text: str, pass_name: str, filename: str = "<output>") -> Non
         compile(text, filename, "exec", dont_inherit=True)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
         raise GateError(pass_name, f"output does not compile: {exc}") from None
+
+
+def comments(text: str) -> Counter[str]:
+    """Every comment of `text`, as written (trailing spaces aside), with its count."""
+    found: Counter[str] = Counter()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                found[token.string.rstrip()] += 1
+    except (tokenize.TokenError, SyntaxError):
+        pass  # only text that compiled reaches the gates
+    return found
+
+
+def check_comments_kept(before: str, after: str, pass_name: str) -> None:
+    """A rewrite may move or add comments, never drop one."""
+    lost = comments(before) - comments(after)
+    if lost:
+        shown = ", ".join(repr(comment) for comment in list(lost)[:3])
+        raise GateError(pass_name, f"would drop {sum(lost.values())} comment(s): {shown}")
 
 
 def check_idempotent(transform: Callable[[str], str], output: str, pass_name: str) -> None:

@@ -156,7 +156,7 @@ def test_a_fix_that_overlaps_an_earlier_one_is_left_out_whole():
 
 def test_the_loop_gives_up_after_the_round_limit():
     def lint(text):  # every round finds something new to "fix"
-        return [finding("DDP903", (1, 1, 1, 1, "#"))]
+        return [finding("DDP903", (1, 1, 1, 1, "_ = 0\n"))]
 
     with pytest.raises(GateError) as raised:
         fix_until_stable("x = 1\n", lint)
@@ -247,3 +247,13 @@ def test_unsafe_fixes_need_the_flag_or_the_setting(tmp_path, capsys, register):
     assert main(["check", str(script), "--fix", "--no-unsafe-fixes", "--select", "DDP098"]) == 1
     assert script.read_text() == MAGIC
     capsys.readouterr()
+
+
+def test_a_fix_that_drops_a_comment_is_refused():
+    def lint(text):  # "fixes" `x = 1  # keep me` by rewriting the whole line
+        return [finding("DDP905", (1, 1, 1, 17, "x = 2"))] if "x = 1" in text else []
+
+    with pytest.raises(GateError) as raised:
+        fix_until_stable("x = 1  # keep me\n", lint)
+    assert raised.value.pass_name == "fix DDP905"
+    assert "# keep me" in raised.value.reason

@@ -404,3 +404,31 @@ def test_options_after_the_script_count(script, capsys):
     diff = capsys.readouterr().out
     assert "autocast" not in diff and "// WORLD_SIZE" in diff
     assert script.read_text() == SIMPLE
+
+
+def test_comments_on_removed_and_rebuilt_statements_survive():
+    source = (FIXTURES / "migrate" / "single_main_argparse" / "before.py").read_text()
+    marked = source.replace('if __name__ == "__main__":', 'if __name__ == "__main__":  # entry', 1)
+    lines = marked.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("model = "))
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    lines.insert(at, f"{indent}torch.cuda.set_device(0)  # pick the first GPU\n")
+    result = migrate_source("".join(lines), "train.py")
+    assert result.migrated
+    assert "# pick the first GPU" in result.output and "# entry" in result.output
+    assert "set_device(0)" not in result.output
+
+
+def test_a_pass_that_drops_a_comment_fails_the_gate():
+    def drop_comments(tree, plan):
+        edits = Edits()
+        stripped = tree.module.code.replace("  # the framework", "")
+        edits.replace(tree.module, cst.parse_module(stripped))
+        return edits
+
+    source = (FIXTURES / "migrate" / "single_toplevel" / "before.py").read_text()
+    source = source.replace("import torch\n", "import torch  # the framework\n", 1)
+    with pytest.raises(GateError) as raised:
+        migrate_source(source, "train.py", passes=[("dropper", drop_comments)])
+    assert raised.value.pass_name == "dropper"
+    assert "# the framework" in raised.value.reason

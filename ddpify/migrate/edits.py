@@ -65,7 +65,10 @@ class _Apply(cst.CSTTransformer):
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         edits = self.edits
         if isinstance(updated_node, (cst.IndentedBlock, cst.Module)):
-            updated_node = updated_node.with_changes(body=self._body(original_node, updated_node))
+            body, orphans = self._body(original_node, updated_node)
+            updated_node = updated_node.with_changes(
+                body=body, footer=[*orphans, *updated_node.footer]
+            )
         if original_node in edits.prepend and isinstance(
             getattr(updated_node, "body", None), cst.IndentedBlock
         ):
@@ -74,10 +77,18 @@ class _Apply(cst.CSTTransformer):
             updated_node = updated_node.with_changes(body=block.with_changes(body=body))
         replacement = edits.replacements.get(original_node)
         if replacement is not None:
-            updated_node = replacement(updated_node) if callable(replacement) else replacement
+            new = replacement(updated_node) if callable(replacement) else replacement
+            updated_node = _with_comments_of(updated_node, new)
         return updated_node
 
-    def _body(self, original, updated) -> list[cst.BaseStatement]:
+    def _body(self, original, updated) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        """The block's statements, and the comments of removed statements left at its end."""
+        out, orphans = _keep_removed_comments(self._statements(original, updated))
+        if not out and isinstance(original, cst.IndentedBlock):
+            out.append(cst.SimpleStatementLine([cst.Pass()]))
+        return out, orphans
+
+    def _statements(self, original, updated) -> list[cst.BaseStatement]:
         edits = self.edits
         out: list[cst.BaseStatement] = []
         pairs = list(zip(original.body, updated.body))
@@ -92,10 +103,66 @@ class _Apply(cst.CSTTransformer):
                 out.extend(edits.after.get(pairs[index + len(run) - 1][0], ()))
                 index += len(run)
                 continue
-            if old not in edits.removed:
-                out.append(new)
+            out.append(_Removed(old) if old in edits.removed else new)
             out.extend(edits.after.get(old, ()))
             index += 1
-        if not out and isinstance(original, cst.IndentedBlock):
-            out.append(cst.SimpleStatementLine([cst.Pass()]))
         return out
+
+
+class _Removed:
+    """A placeholder for a removed statement, until its comments find a new home."""
+
+    def __init__(self, statement: cst.BaseStatement) -> None:
+        self.statement = statement
+
+
+def _keep_removed_comments(out: list) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+    """Drop the removed statements but keep their comments: the lines above them and a
+    trailing `# note` move onto the next statement, or to the block's end."""
+    kept: list[cst.BaseStatement] = []
+    pending: list[cst.EmptyLine] = []
+    for item in out:
+        if isinstance(item, _Removed):
+            pending.extend(_comment_lines(item.statement))
+        elif pending:
+            kept.append(item.with_changes(leading_lines=[*pending, *item.leading_lines]))
+            pending = []
+        else:
+            kept.append(item)
+    return kept, pending
+
+
+def _with_comments_of(old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+    """A statement rebuilt from scratch keeps the comments above and after the old one
+    (those the new statement does not already carry, e.g. by wrapping the old one)."""
+    if not (isinstance(old, cst.BaseStatement) and isinstance(new, cst.BaseStatement)):
+        return new
+    lost = _comment_lines(old)
+    if not lost:
+        return new
+    rendered = _EMPTY_MODULE.code_for_node(new)
+    lost = [line for line in lost if line.comment.value not in rendered]
+    if not lost:
+        return new
+    trailing = getattr(old, "trailing_whitespace", None)
+    if (
+        isinstance(new, cst.SimpleStatementLine)
+        and new.trailing_whitespace.comment is None
+        and trailing is not None
+        and trailing.comment is not None
+        and trailing.comment.value not in rendered
+    ):
+        new = new.with_changes(trailing_whitespace=trailing)
+        lost = [line for line in lost if line.comment.value != trailing.comment.value]
+    return new.with_changes(leading_lines=[*lost, *new.leading_lines])
+
+
+_EMPTY_MODULE = cst.Module([])
+
+
+def _comment_lines(statement: cst.BaseStatement) -> list[cst.EmptyLine]:
+    lines = [line for line in statement.leading_lines if line.comment is not None]
+    trailing = getattr(statement, "trailing_whitespace", None)
+    if trailing is not None and trailing.comment is not None:
+        lines.append(cst.EmptyLine(comment=trailing.comment))
+    return lines

@@ -61,6 +61,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
     )
     if plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
         _start_and_stop(tree, plan, edits, anchor, setup)
+        _remove_set_device(tree, plan, edits)
     else:
         _replace_launcher(tree, plan, edits)
     return edits
@@ -137,6 +138,18 @@ def _start_and_stop(tree, plan, edits, anchor, setup) -> None:
         f"{plan.dist}.destroy_process_group()",
         "DDP002",
     )
+
+
+def _remove_set_device(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """A single-GPU script's own choice of GPU: init_distributed() picks the local rank's."""
+    for call in tree.calls_to(SET_DEVICE):
+        _remove_statement(tree, edits, call)
+        plan.change(
+            NAME,
+            "removed torch.cuda.set_device(...): init_distributed() sets the local rank's GPU",
+            None,
+            "DDP010",
+        )
 
 
 def _replace_launcher(tree: Tree, plan: Plan, edits: Edits) -> None:

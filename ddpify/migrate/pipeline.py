@@ -14,7 +14,13 @@ from typing import Callable
 
 import libcst as cst
 
-from ddpify.gates import GateError, check_compiles, check_roundtrip
+from ddpify.gates import (
+    GateError,
+    check_comments_kept,
+    check_compiles,
+    check_roundtrip,
+    comments,
+)
 from ddpify.guarded import GaveUp, guarded
 from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wrap
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze
@@ -64,14 +70,17 @@ def _migrate_source(
     try:
         tree = Tree(module)
         plan = analyze(tree, options)
+        stages = [("input", text)]
         for name, run in passes:
-            module = _run_pass(name, run, tree, plan)
+            module, code = _run_pass(name, run, tree, plan)
             tree = Tree(module)
+            stages.append((name, stages[-1][1] if code is None else code))
     except NotMigrated as exc:
         return MigrationResult(filename, text, text, exc.shape.value, False, exc.reason)
-    output = module.code
+    output = stages[-1][1]
     if gates:
         check_compiles(output, "output")
+        _gate_comments(stages)
     result = _result(filename, text, output, plan)
     if gates and result.changed:
         _gate_idempotent(result, options, passes)
@@ -80,11 +89,12 @@ def _migrate_source(
     return result
 
 
-def _run_pass(name: str, run, tree: Tree, plan: Plan) -> cst.Module:
+def _run_pass(name: str, run, tree: Tree, plan: Plan) -> tuple[cst.Module, str | None]:
+    """The module after the pass, and its code (None: the pass changed nothing)."""
     try:
         edits = run(tree, plan)
         if not edits:
-            return tree.module
+            return tree.module, None
         module = edits.apply(tree.module)
         code = module.code
     except NotMigrated:
@@ -92,7 +102,7 @@ def _run_pass(name: str, run, tree: Tree, plan: Plan) -> cst.Module:
     except Exception as exc:  # a bug in the pass: blame it, write nothing
         raise GateError(name, f"{type(exc).__name__}: {exc}") from exc
     _compiles(code, name)
-    return module
+    return module, code
 
 
 def _compiles(code: str, pass_name: str) -> None:
@@ -125,6 +135,15 @@ def _amp_label(plan: Plan) -> str:
     if plan.amp_existing:
         return "the script's own (kept)"
     return "off" if plan.shape.converts else "unchanged"
+
+
+def _gate_comments(stages: list[tuple[str, str]]) -> None:
+    """No comment of the input may be lost; blame the first pass that dropped one."""
+    if not (comments(stages[0][1]) - comments(stages[-1][1])):
+        return
+    for (_, before), (name, after) in zip(stages, stages[1:]):
+        check_comments_kept(before, after, name)
+    check_comments_kept(stages[0][1], stages[-1][1], "pipeline")
 
 
 def _gate_idempotent(result: MigrationResult, options: Options, passes) -> None:
