@@ -432,3 +432,17 @@ def test_a_pass_that_drops_a_comment_fails_the_gate():
         migrate_source(source, "train.py", passes=[("dropper", drop_comments)])
     assert raised.value.pass_name == "dropper"
     assert "# the framework" in raised.value.reason
+
+
+def test_a_claimed_code_left_where_no_pass_touched_needs_a_human():
+    def partial(tree, plan):  # claims DDP012 at its own line, leaves another load alone
+        plan.change("partial", "map_location on the first load", "state = torch.load(", "DDP012")
+        return Edits()
+
+    source = SIMPLE + 'state = torch.load("a.pt", map_location="cpu")\nextra = torch.load("b.pt")\n'
+    passes = [p for p in PASSES if p[0] != "data"] + [("partial", partial)]
+    result = migrate_source(source, "t.py", passes=passes)
+    lines = result.output.splitlines()
+    flagged = {lines[h.line - 1] for h in result.needs_human if "DDP012" in h.why}
+    assert 'extra = torch.load("b.pt")' in flagged
+    assert all("did not change this one" in h.why for h in result.needs_human if "DDP012" in h.why)
