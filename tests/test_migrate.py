@@ -446,3 +446,11 @@ def test_a_claimed_code_left_where_no_pass_touched_needs_a_human():
     flagged = {lines[h.line - 1] for h in result.needs_human if "DDP012" in h.why}
     assert 'extra = torch.load("b.pt")' in flagged
     assert all("did not change this one" in h.why for h in result.needs_human if "DDP012" in h.why)
+
+
+def test_the_readme_example_migrates_and_is_idempotent():
+    # mp.spawn plus a `--local_rank` argument: the second run used to add a second setup.
+    source = (FIXTURES / "examples" / "buggy_train.py").read_text()
+    result = migrate_source(source, "buggy_train.py")
+    assert result.migrated and "--local_rank" not in result.output
+    assert migrate_source(result.output, "buggy_train.py").output == result.output

@@ -173,6 +173,7 @@ def _replace_launcher(tree: Tree, plan: Plan, edits: Edits) -> None:
         )
     if plan.shape is Shape.SPAWN:
         _replace_spawn(tree, plan, edits)
+        _replace_local_rank_uses(tree, plan, edits)  # a spawn script may take it too
     else:
         _replace_local_rank(tree, plan, edits)
 
@@ -255,6 +256,24 @@ def _rebind_world_size(tree, plan, edits, call, name: str) -> None:
 
 
 def _replace_local_rank(tree: Tree, plan: Plan, edits: Edits) -> None:
+    _replace_local_rank_uses(tree, plan, edits)
+    plan.change(NAME, "args.local_rank -> LOCAL_RANK", "LOCAL_RANK", "DDP003")
+    guard = tree.main_guard()
+    if guard is not None:
+        _ensure_destroy(tree, plan, edits, None, guard)
+    elif not tree.calls_to(DESTROY_PG):
+        last = tree.module.body[-1]
+        edits.after[last].append(_call(plan, "\n{dist}.destroy_process_group()"))
+        plan.change(
+            NAME,
+            "destroy_process_group() at the end of the script",
+            f"{plan.dist}.destroy_process_group()",
+            "DDP002",
+        )
+
+
+def _replace_local_rank_uses(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """Drop `--local_rank` from argparse; `args.local_rank` reads become LOCAL_RANK."""
     for call in local_rank_arguments(tree):
         _remove_statement(tree, edits, call)
         plan.change(
@@ -274,19 +293,6 @@ def _replace_local_rank(tree: Tree, plan: Plan, edits: Edits) -> None:
             )
             continue
         edits.replace(attr, cst.Name("LOCAL_RANK"))
-    plan.change(NAME, "args.local_rank -> LOCAL_RANK", "LOCAL_RANK", "DDP003")
-    guard = tree.main_guard()
-    if guard is not None:
-        _ensure_destroy(tree, plan, edits, None, guard)
-    elif not tree.calls_to(DESTROY_PG):
-        last = tree.module.body[-1]
-        edits.after[last].append(_call(plan, "\n{dist}.destroy_process_group()"))
-        plan.change(
-            NAME,
-            "destroy_process_group() at the end of the script",
-            f"{plan.dist}.destroy_process_group()",
-            "DDP002",
-        )
 
 
 def _in_rank_guard_test(tree: Tree, node: cst.CSTNode) -> bool:
