@@ -9,6 +9,7 @@ by the same plan survives an edit to its parent.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Callable, Union
 
 import libcst as cst
@@ -51,16 +52,38 @@ class Edits:
             or self.groups
         )
 
-    def apply(self, module: cst.Module) -> cst.Module:
+    def apply(self, module: cst.Module, parents: Mapping | None = None) -> cst.Module:
+        """The edited module. With the tree's `parents` (syntax node -> parent), only the
+        paths from the module down to the edited nodes are visited and rebuilt: the rest
+        of the tree is reused as it is, so a pass costs what it edits, not the file."""
         if not self:
             return module
-        return module.visit(_Apply(self))
+        dirty = self._dirty(parents) if parents is not None else None
+        return module.visit(_Apply(self, dirty, parents))
+
+    def _dirty(self, parents: Mapping) -> set[cst.CSTNode]:
+        """Every edited node, the block around each statement edited at block level, and
+        all their ancestors."""
+        statements = [*self.before, *self.after, *self.removed, *self.groups]
+        seeds = [*self.replacements, *self.prepend, *(parents.get(s) for s in statements)]
+        dirty: set[cst.CSTNode] = set()
+        for node in seeds:
+            while node is not None and node not in dirty:
+                dirty.add(node)
+                node = parents.get(node)
+        return dirty
 
 
 class _Apply(cst.CSTTransformer):
-    def __init__(self, edits: Edits) -> None:
+    def __init__(self, edits: Edits, dirty: set | None, known: Mapping | None) -> None:
         super().__init__()
         self.edits = edits
+        self.dirty = dirty
+        self.known = known
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Formatting nodes (unknown to the tree's walk) hold no syntax: visiting is cheap.
+        return self.dirty is None or node in self.dirty or node not in self.known
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         edits = self.edits

@@ -95,7 +95,7 @@ def _run_pass(name: str, run, tree: Tree, plan: Plan) -> tuple[cst.Module, str |
         edits = run(tree, plan)
         if not edits:
             return tree.module, None
-        module = edits.apply(tree.module)
+        module = edits.apply(tree.module, tree.parent)
         code = module.code
     except NotMigrated:
         raise

@@ -1,0 +1,106 @@
+"""How check and migrate grow with file size: 1k to 100k lines of one training script.
+
+    python benchmarks/bench_scaling.py                    # 1k, 10k, 100k lines
+    python benchmarks/bench_scaling.py --lines 1000 20000 --profile
+
+The script is a real-shaped single-GPU training script (fixtures/migrate/
+single_main_argparse/before.py) followed by N lines of helper functions and a model
+class with loops, guards, prints and saves in them, repeated with fresh names, so every
+rule and pass has work in proportion to the size. Linear cost shows as a flat
+"ms per 1k lines" column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ddpify import guarded  # noqa: E402
+from ddpify.engine import check_source  # noqa: E402
+from ddpify.migrate import migrate_source  # noqa: E402
+from ddpify.rules import ALL_RULES  # noqa: E402
+
+BASE = ROOT / "fixtures" / "migrate" / "single_main_argparse" / "before.py"
+
+HELPER = '''
+
+class Block{i}(nn.Module):
+    """A residual block, number {i}."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.fc = nn.Linear(width, width)  # the only layer
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return x + self.fc(self.norm(x))
+
+
+def evaluate_{i}(model, batches, device="cuda"):
+    total = 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            total += nn.functional.mse_loss(model(x), y).item()
+    if total > 1e9:
+        print("diverged at helper {i}", total)
+    return total / max(len(batches), 1)
+
+
+def checkpoint_{i}(model, path="block_{i}.pt"):
+    state = {{"model": model.state_dict(), "step": {i}}}
+    torch.save(state, path)
+    return torch.load(path)
+'''
+
+
+def script(lines: int) -> str:
+    text = BASE.read_text()
+    index = 0
+    while text.count("\n") < lines:
+        text += HELPER.format(i=index)
+        index += 1
+    return text
+
+
+def timed(fn, *args) -> float:
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--profile", action="store_true", help="profile the largest size")
+    args = parser.parse_args()
+
+    print(f"{'lines':>8} {'check s':>9} {'ms/1k':>7} {'migrate s':>10} {'ms/1k':>7}")
+    for size in args.lines:
+        text = script(size)
+        n = text.count("\n")
+        check = timed(check_source, text, "big.py", ALL_RULES)
+        migrate = timed(migrate_source, text, "big.py")
+        print(
+            f"{n:>8} {check:>9.2f} {1000 * check / n * 1000:>7.0f} "
+            f"{migrate:>10.2f} {1000 * migrate / n * 1000:>7.0f}",
+            flush=True,
+        )
+    if args.profile:
+        text = script(max(args.lines))
+        profile = cProfile.Profile()
+        # In the deep thread, so that migrate runs (and is profiled) in that same thread.
+        guarded.deep(profile.runcall, migrate_source, text, "big.py")
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
