@@ -24,6 +24,7 @@ class Tree:
         self.parent: dict[cst.CSTNode, cst.CSTNode] = {}
         self.order: dict[cst.CSTNode, int] = {}
         self.nodes: list[cst.CSTNode] = []
+        self._by_kind: dict[type, list[cst.CSTNode]] = {}
         self.imports = ImportMap()
         self._collect(module)
 
@@ -92,7 +93,16 @@ class Tree:
         return self.imports.qualify(expr)
 
     def find(self, kind: type, where: Callable[[cst.CSTNode], bool] | None = None) -> list:
-        return [n for n in self.nodes if isinstance(n, kind) and (where is None or where(n))]
+        """Nodes of `kind` (subclasses too) in source order, optionally filtered."""
+        found = self._of_kind(kind)
+        return list(found) if where is None else [n for n in found if where(n)]
+
+    def _of_kind(self, kind: type) -> list:
+        # Passes ask many times per tree; one scan per kind, kept for the tree's life.
+        found = self._by_kind.get(kind)
+        if found is None:
+            found = self._by_kind[kind] = [n for n in self.nodes if isinstance(n, kind)]
+        return found
 
     def calls_to(self, *names: str) -> list[cst.Call]:
         return self.find(cst.Call, lambda c: self.qualify(c.func) in names)
