@@ -12,7 +12,7 @@ from typing import Callable
 from ddpify.cache import ResultCache
 from ddpify.diagnostics import Diagnostic, Severity
 from ddpify.engine import FileResult, check_bytes, parse_error
-from ddpify.files import iter_python_files
+from ddpify.files import SourceError, iter_python_files, read_bounded
 from ddpify.rules import RULES_BY_CODE
 from ddpify.rules.base import Rule
 
@@ -78,9 +78,8 @@ def collect_files(
     return unique, errors, empty
 
 
-def _read_failure(path: Path, exc: OSError) -> FileResult:
-    reason = exc.strerror or str(exc)
-    return FileResult(str(path), [parse_error(str(path), f"cannot read file: {reason}")])
+def _read_failure(path: Path, exc: SourceError) -> FileResult:
+    return FileResult(str(path), [parse_error(str(path), f"cannot read file: {exc}")])
 
 
 def _check_data(args: tuple[str, bytes, Sequence[str]]) -> FileResult:
@@ -107,8 +106,8 @@ def check_paths(
     pending: list[tuple[int, str, bytes]] = []
     for index, path in enumerate(files):
         try:
-            data = path.read_bytes()
-        except OSError as exc:
+            data = read_bounded(path)
+        except SourceError as exc:
             results[index] = _read_failure(path, exc)
             continue
         hit = cache.get(cache.key(str(path), data)) if cache else None

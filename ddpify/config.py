@@ -169,8 +169,11 @@ def _has_tool_table(pyproject: Path) -> bool:
         data = _read_toml(pyproject)
     except ConfigError:
         # A broken pyproject.toml that mentions us is still ours to complain about.
-        return "[tool.ddpify" in pyproject.read_text(encoding="utf-8", errors="replace")
-    return "ddpify" in data.get("tool", {})
+        try:
+            return "[tool.ddpify" in pyproject.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    return _tool_table(data) is not None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -181,6 +184,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 (byte {exc.start}); TOML files must be UTF-8"
+        ) from None
+
+
+def _tool_table(data: dict[str, Any]) -> Any:
+    """`[tool.ddpify]`, or None; a `tool` that is not a table has no such key."""
+    tool = data.get("tool", {})
+    return tool.get("ddpify") if isinstance(tool, dict) else None
 
 
 def load_config(
@@ -202,7 +215,8 @@ def load_config(
         raise ConfigError(f"{path}: no such configuration file")
     data = _read_toml(path)
     if path.name == "pyproject.toml":
-        table = data.get("tool", {}).get("ddpify", {})
+        table = _tool_table(data)
+        table = {} if table is None else table
         prefix = "tool.ddpify"
     else:
         table, prefix = data, ""

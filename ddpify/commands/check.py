@@ -14,10 +14,10 @@ from typing import TextIO
 
 from ddpify import engine
 from ddpify.api import CheckReport, check_paths, collect_files
-from ddpify.cache import CACHE_DIR
+from ddpify.cache import cache_dir_from_env
 from ddpify.config import Config, ConfigError, load_config
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.files import SourceError, decode_source, read_source, write_atomic
+from ddpify.files import SourceError, decode_source, read_source, write_file
 from ddpify.fixes import fix_until_stable, fixable
 from ddpify.gates import GateError
 from ddpify.output import HUMAN_FORMATS, RENDERERS, statistics
@@ -90,6 +90,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     fixing.add_argument(
         "--diff", action="store_true", help="print the fixes as a diff; write nothing"
     )
+    fixing.add_argument(
+        "--force-write",
+        action="store_true",
+        help="with --fix, also rewrite read-only files and files owned by another user",
+    )
     parser.add_argument(
         "--statistics", action="store_true", help="count findings per code instead of listing"
     )
@@ -145,6 +150,26 @@ def _config_start(paths: list[str], stdin_filename: str | None) -> Path:
     return Path(os.path.commonpath(existing))
 
 
+def _output_among_inputs(output: str, inputs: list[str]) -> bool:
+    """Whether writing the report to `output` would overwrite a checked file: one named on
+    the command line, or one inside a directory named there."""
+    out = Path(output).absolute()
+    if not out.exists():
+        return False
+    for raw in inputs:
+        path = Path(raw).absolute()
+        if not path.exists():
+            continue
+        if path.is_dir():
+            if out.suffix in (".py", ".pyi", ".ipynb") and out.resolve().is_relative_to(
+                path.resolve()
+            ):
+                return True
+        elif os.path.samefile(out, path):
+            return True
+    return False
+
+
 def _error(message: str) -> int:
     print(f"ddpify: error: {message}", file=sys.stderr)
     return EXIT_ERROR
@@ -164,6 +189,14 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, UnknownRuleError) as exc:
         return _error(str(exc))
     unsafe = args.unsafe_fixes if args.unsafe_fixes is not None else bool(config.unsafe_fixes)
+    if args.output_file:
+        inputs = [args.stdin_filename] if reading_stdin else args.paths
+        clash = _output_among_inputs(args.output_file, [p for p in inputs if p and p != "-"])
+        if clash:
+            return _error(
+                f"--output-file {args.output_file} is one of the files being checked; "
+                "the report would replace it"
+            )
     if reading_stdin:
         return _run_stdin(args, config, rules, unsafe)
     return _run_paths(args, config, rules, unsafe)
@@ -198,7 +231,7 @@ def _fix_file(
     config: Config,
     rules: list[type[Rule]],
     unsafe: bool,
-    write: bool,
+    args: argparse.Namespace,
     totals: FixTotals,
 ) -> list[Diagnostic] | None:
     """Fix one file; return its remaining findings, or None when it was left alone."""
@@ -216,10 +249,15 @@ def _fix_file(
         )
         return None
     if outcome.changed:
-        if write:
-            write_atomic(path, source.encode(outcome.text))
-        else:
+        if args.diff:
             totals.diffs.append(_unified_diff(outcome.original, outcome.text, path))
+        else:
+            try:
+                data = source.encode(outcome.text)
+                write_file(path, data, expected=source.data, force=args.force_write)
+            except SourceError as exc:
+                totals.failures.append(f"{path}: {exc}")
+                return None
     totals.fixed += len(outcome.fixed)
     return outcome.remaining
 
@@ -239,7 +277,7 @@ def _run_paths(
     name_patterns = [p for p in config.exclude_patterns if "/" not in p.strip("/")]
     files, path_errors, empty_dirs = collect_files(args.paths, [*args.exclude, *name_patterns])
     files = [f for f in files if not config.is_excluded(f)]
-    cache_dir = None if args.no_cache else Path(os.environ.get("DDPIFY_CACHE_DIR", CACHE_DIR))
+    cache_dir = None if args.no_cache else cache_dir_from_env()
     report = check_paths([str(f) for f in files], rules, cache_dir=cache_dir)
     report.path_errors, report.empty_dirs = path_errors, empty_dirs
     for result in report.results:
@@ -253,7 +291,7 @@ def _run_paths(
     if args.fix or args.diff:
         for result in report.results:
             if fixable(result.diagnostics, unsafe):
-                remaining = _fix_file(result.filename, config, rules, unsafe, not args.diff, totals)
+                remaining = _fix_file(result.filename, config, rules, unsafe, args, totals)
                 if remaining is not None:
                     result.diagnostics = remaining
     for failure in totals.failures:
@@ -315,32 +353,47 @@ def _finish_diff(args: argparse.Namespace, report: CheckReport, totals: FixTotal
     return EXIT_FINDINGS if totals.diffs and not args.exit_zero else EXIT_OK
 
 
-def _read_stdin(filename: str):
-    try:
-        return decode_source(sys.stdin.buffer.read(), filename)
-    except SourceError as exc:
-        print(f"ddpify: error: {filename}: cannot read stdin: {exc}", file=sys.stderr)
-        return None
+def _echo(data: bytes) -> None:
+    """Give the editor its buffer back: with `--fix`, stdout replaces the buffer."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
 
 
 def _run_stdin(
     args: argparse.Namespace, config: Config, rules: list[type[Rule]], unsafe: bool
 ) -> int:
     filename = args.stdin_filename or "-"
-    source = _read_stdin(filename)
-    if source is None:
-        return EXIT_ERROR
+    raw = sys.stdin.buffer.read()
+    try:
+        source = decode_source(raw, filename)
+    except SourceError as exc:
+        if args.fix:
+            _echo(raw)
+        return _error(f"{filename}: cannot read stdin: {exc}")
     crashes: list[str] = []
     lint = _linter(config, rules, filename, crashes)
     text, diagnostics = source.text, None
     if args.fix or args.diff:
         try:
             outcome = fix_until_stable(text, lint, unsafe=unsafe, filename=filename)
+            fixed = source.encode(outcome.text)
         except GateError as exc:
+            if args.fix:
+                _echo(raw)
             return _error(
                 f"{filename}: the `{exc.pass_name}` fix failed a safety gate ({exc.reason}); "
                 "nothing was changed"
             )
+        except SourceError as exc:
+            if args.fix:
+                _echo(raw)
+            return _error(f"{filename}: {exc}; nothing was changed")
+        except Exception as exc:  # noqa: BLE001 - an editor must get its buffer back
+            if args.fix:
+                _echo(raw)
+            print(f"ddpify: internal error: {filename}: {exc!r}", file=sys.stderr)
+            return EXIT_ERROR
         text, diagnostics = outcome.text, outcome.remaining
     else:
         diagnostics = lint(text)
@@ -352,9 +405,7 @@ def _run_stdin(
     if args.fix:
         # The whole buffer goes back on stdout (an editor replaces its text with it); the
         # findings that remain go to stderr, or to --output-file.
-        sys.stdout.flush()
-        sys.stdout.buffer.write(source.encode(text))
-        sys.stdout.flush()
+        _echo(fixed if text != source.text else raw)
     fmt = args.output_format or "concise"
     try:
         if args.output_file:
