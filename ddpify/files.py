@@ -76,6 +76,7 @@ def decode_source(data: bytes, path: str) -> SourceFile:
         if "unknown encoding" in str(exc):
             raise SourceError(f"{exc}") from None
         encoding = "utf-8"  # undecodable first lines: let the decode below say where
+    raw = data
     has_bom = encoding == "utf-8-sig"
     if has_bom:
         encoding = "utf-8"
@@ -90,7 +91,7 @@ def decode_source(data: bytes, path: str) -> SourceFile:
     except (UnicodeError, LookupError, ValueError) as exc:
         # Codecs such as `undefined`, `idna` or `punycode` fail in their own ways.
         raise SourceError(f"cannot decode with the declared encoding {encoding!r}: {exc}") from None
-    return SourceFile(path, text, encoding, _newline_of(text), has_bom, data=data)
+    return SourceFile(path, text, encoding, _newline_of(text), has_bom, data=raw)
 
 
 def read_bounded(path: str | Path, limit: int | None = None) -> bytes:

@@ -112,3 +112,11 @@ def test_odd_coding_cookies_are_a_source_error(tmp_path, cookie):
     path.write_bytes(f"# coding: {cookie}\nimport torch\n".encode("ascii") + b"x = '\xff'\n")
     with pytest.raises(SourceError):
         read_source(path)
+
+
+def test_a_file_with_a_bom_counts_as_unchanged(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_bytes(b"\xef\xbb\xbfx = 1\r\n")
+    source = read_source(path)
+    write_file(path, source.encode("x = 2\r\n"), expected=source.data)
+    assert path.read_bytes() == b"\xef\xbb\xbfx = 2\r\n"
