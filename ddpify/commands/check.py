@@ -31,7 +31,7 @@ EXAMPLES = """\
 examples:
   ddpify check train.py                 lint one script
   ddpify check src/ --select DDP05      only the rank-0 side-effect rules
-  ddpify check . --ignore DDP041        everything but the learning-rate advice
+  ddpify check . --ignore DDP052        everything but the logging advice
   ddpify check . --fix                  apply the safe fixes (--diff: show them only)
   ddpify check . --output-format sarif --output-file ddpify.sarif   for code scanning
   ddpify check --stdin-filename train.py - < train.py                for editors
