@@ -13,6 +13,7 @@ from ddpify.cache import ResultCache
 from ddpify.diagnostics import Diagnostic, Severity
 from ddpify.engine import FileResult, check_bytes, parse_error
 from ddpify.files import SourceError, iter_python_files, read_bounded
+from ddpify.notebooks import check_notebook, is_notebook
 from ddpify.rules import RULES_BY_CODE
 from ddpify.rules.base import Rule
 
@@ -84,7 +85,10 @@ def _read_failure(path: Path, exc: SourceError) -> FileResult:
 
 def _check_data(args: tuple[str, bytes, Sequence[str]]) -> FileResult:
     filename, data, codes = args
-    return check_bytes(data, filename, [RULES_BY_CODE[code] for code in codes])
+    rules = [RULES_BY_CODE[code] for code in codes]
+    if is_notebook(filename):
+        return check_notebook(data, filename, rules)
+    return check_bytes(data, filename, rules)
 
 
 def check_paths(

@@ -70,6 +70,7 @@ def _decode(data: dict[str, Any]) -> Diagnostic:
         _location(data["end_location"]),
         fix,
         tuple(data["source_lines"]),
+        data.get("cell"),
     )
 
 

@@ -334,7 +334,8 @@ class GitIgnore:
 def iter_python_files(
     root: Path, exclude: Iterable[str] = (), respect_gitignore: bool = True
 ) -> Iterator[Path]:
-    """Yield .py files under `root` in a stable order, skipping tool and ignored dirs."""
+    """Yield .py, .pyi and .ipynb files under `root` in a stable order, skipping tool and
+    ignored dirs."""
     exclude = tuple(exclude)
 
     def excluded(path: Path) -> bool:
@@ -360,7 +361,7 @@ def iter_python_files(
                 if entry.name in SKIPPED_DIRS or (path / "pyvenv.cfg").exists():
                     continue
                 yield from walk(path, ignores)
-            elif entry.name.endswith((".py", ".pyi")) and entry.is_file():
+            elif entry.name.endswith((".py", ".pyi", ".ipynb")) and entry.is_file():
                 yield path
 
     yield from walk(root, [])

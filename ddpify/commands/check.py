@@ -17,9 +17,10 @@ from ddpify.api import CheckReport, check_paths, collect_files
 from ddpify.cache import cache_dir_from_env
 from ddpify.config import Config, ConfigError, load_config
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.files import SourceError, decode_source, read_source, write_file
+from ddpify.files import SourceError, decode_source, read_bounded, read_source, write_file
 from ddpify.fixes import fix_until_stable, fixable
 from ddpify.gates import GateError
+from ddpify.notebooks import is_notebook, read_notebook, to_cells, with_script
 from ddpify.output import HUMAN_FORMATS, RENDERERS, statistics
 from ddpify.rules import UnknownRuleError
 from ddpify.rules.base import Rule
@@ -235,11 +236,15 @@ def _fix_file(
     totals: FixTotals,
 ) -> list[Diagnostic] | None:
     """Fix one file; return its remaining findings, or None when it was left alone."""
+    notebook = None
     try:
-        source = read_source(path)
-        outcome = fix_until_stable(
-            source.text, _linter(config, rules, path), unsafe=unsafe, filename=path
-        )
+        if is_notebook(path):
+            notebook = read_notebook(read_bounded(path), path)
+            text, expected = notebook.text, notebook.raw
+        else:
+            source = read_source(path)
+            text, expected = source.text, source.data
+        outcome = fix_until_stable(text, _linter(config, rules, path), unsafe=unsafe, filename=path)
     except SourceError:
         return None  # already reported by the lint pass
     except GateError as exc:
@@ -253,12 +258,17 @@ def _fix_file(
             totals.diffs.append(_unified_diff(outcome.original, outcome.text, path))
         else:
             try:
-                data = source.encode(outcome.text)
-                write_file(path, data, expected=source.data, force=args.force_write)
+                if notebook is not None:
+                    data = with_script(notebook, outcome.text)
+                else:
+                    data = source.encode(outcome.text)
+                write_file(path, data, expected=expected, force=args.force_write)
             except SourceError as exc:
                 totals.failures.append(f"{path}: {exc}")
                 return None
     totals.fixed += len(outcome.fixed)
+    if notebook is not None:
+        return [to_cells(notebook, d) for d in outcome.remaining]
     return outcome.remaining
 
 
@@ -360,24 +370,42 @@ def _echo(data: bytes) -> None:
     sys.stdout.flush()
 
 
+class _Buffer:
+    """An editor's buffer: a script, or a notebook linted as the script of its code cells."""
+
+    def __init__(self, raw: bytes, filename: str) -> None:
+        self.notebook = read_notebook(raw, filename) if is_notebook(filename) else None
+        self.source = None if self.notebook else decode_source(raw, filename)
+        self.text = self.notebook.text if self.notebook else self.source.text
+
+    def encode(self, text: str) -> bytes:
+        if self.notebook is not None:
+            return with_script(self.notebook, text)
+        return self.source.encode(text)
+
+    def place(self, diagnostic: Diagnostic) -> Diagnostic:
+        return to_cells(self.notebook, diagnostic) if self.notebook else diagnostic
+
+
 def _run_stdin(
     args: argparse.Namespace, config: Config, rules: list[type[Rule]], unsafe: bool
 ) -> int:
     filename = args.stdin_filename or "-"
     raw = sys.stdin.buffer.read()
     try:
-        source = decode_source(raw, filename)
+        buffer = _Buffer(raw, filename)
     except SourceError as exc:
         if args.fix:
             _echo(raw)
         return _error(f"{filename}: cannot read stdin: {exc}")
     crashes: list[str] = []
     lint = _linter(config, rules, filename, crashes)
-    text, diagnostics = source.text, None
+    original = text = buffer.text
+    diagnostics: list[Diagnostic] = []
     if args.fix or args.diff:
         try:
             outcome = fix_until_stable(text, lint, unsafe=unsafe, filename=filename)
-            fixed = source.encode(outcome.text)
+            fixed = buffer.encode(outcome.text)
         except GateError as exc:
             if args.fix:
                 _echo(raw)
@@ -397,15 +425,16 @@ def _run_stdin(
         text, diagnostics = outcome.text, outcome.remaining
     else:
         diagnostics = lint(text)
+    diagnostics = [buffer.place(d) for d in diagnostics]
 
     if args.diff:
-        if text != source.text:
-            sys.stdout.write(_unified_diff(source.text, text, filename))
-        return EXIT_FINDINGS if text != source.text and not args.exit_zero else EXIT_OK
+        if text != original:
+            sys.stdout.write(_unified_diff(original, text, filename))
+        return EXIT_FINDINGS if text != original and not args.exit_zero else EXIT_OK
     if args.fix:
         # The whole buffer goes back on stdout (an editor replaces its text with it); the
         # findings that remain go to stderr, or to --output-file.
-        _echo(fixed if text != source.text else raw)
+        _echo(fixed if text != original else raw)
     fmt = args.output_format or "concise"
     try:
         if args.output_file:
