@@ -94,3 +94,12 @@ def test_an_editor_buffer_of_a_notebook_is_fixed_and_given_back(capsysbinary, mo
     assert fixed["cells"][1]["outputs"] == json.loads(data)["cells"][1]["outputs"]
     assert b"nb.ipynb:cell 3:3:1: DDP010" in err
     assert code == 1
+
+
+def test_migrate_refuses_a_notebook_with_a_reason(capsys, tmp_path):
+    path = tmp_path / "nb.ipynb"
+    shutil.copy(FIXTURE, path)
+    code = main(["migrate", str(path)])
+    assert code == 2
+    assert "migrate takes Python scripts" in capsys.readouterr().err
+    assert path.read_bytes() == FIXTURE.read_bytes()

@@ -137,6 +137,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    if args.script.endswith(".ipynb"):
+        print(
+            f"ddpify: error: {args.script}: migrate takes Python scripts; export the notebook "
+            "first (jupyter nbconvert --to script)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     try:
         defaults = load_config(args.config, start=args.script, isolated=args.isolated).migrate
     except ConfigError as exc:
