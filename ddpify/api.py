@@ -64,12 +64,12 @@ def collect_files(
     empty: list[str] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
+        if os.path.isdir(path):
             found = list(iter_python_files(path, exclude))
             if not found:
                 empty.append(raw)
             files.extend(found)
-        elif path.is_file():
+        elif os.path.isfile(path):
             files.append(path)
         elif path.exists() or path.is_symlink():
             errors.append(f"{raw}: not a regular file or directory")

@@ -20,6 +20,7 @@ Any unknown key or badly typed value is a ConfigError naming the key and the fil
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -154,12 +155,14 @@ def find_config(start: str | Path) -> Path | None:
     """The nearest ddpify.toml, or pyproject.toml with a [tool.ddpify] table, at or above
     `start` (a file or a directory)."""
     directory = Path(start).absolute()
-    if not directory.is_dir():
+    if not os.path.isdir(directory):
         directory = directory.parent
     for candidate_dir in (directory, *directory.parents):
         for name in CONFIG_FILES:
             candidate = candidate_dir / name
-            if candidate.is_file() and (name != "pyproject.toml" or _has_tool_table(candidate)):
+            if os.path.isfile(candidate) and (
+                name != "pyproject.toml" or _has_tool_table(candidate)
+            ):
                 return candidate
     return None
 
@@ -211,7 +214,7 @@ def load_config(
         if path is None:
             return Config()
     path = Path(path)
-    if not path.is_file():
+    if not os.path.isfile(path):
         raise ConfigError(f"{path}: no such configuration file")
     data = _read_toml(path)
     if path.name == "pyproject.toml":

@@ -358,7 +358,7 @@ def iter_python_files(
             if excluded(path) or any(ig.ignores(path, is_dir) for ig in ignores):
                 continue
             if is_dir:
-                if entry.name in SKIPPED_DIRS or (path / "pyvenv.cfg").exists():
+                if entry.name in SKIPPED_DIRS or os.path.exists(path / "pyvenv.cfg"):
                     continue
                 yield from walk(path, ignores)
             elif entry.name.endswith((".py", ".pyi", ".ipynb")) and entry.is_file():

@@ -161,7 +161,7 @@ def _output_among_inputs(output: str, inputs: list[str]) -> bool:
         path = Path(raw).absolute()
         if not path.exists():
             continue
-        if path.is_dir():
+        if os.path.isdir(path):
             if out.suffix in (".py", ".pyi", ".ipynb") and out.resolve().is_relative_to(
                 path.resolve()
             ):
