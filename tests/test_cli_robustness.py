@@ -209,3 +209,24 @@ def test_migrate_does_not_overwrite_an_edit_made_meanwhile(capsys, tmp_path, mon
     assert code == 2
     assert "train.py: changed on disk since ddpify read it" in err
     assert path.read_text().endswith("# edited meanwhile\n")
+
+
+def test_in_place_migrate_verify_names_the_two_sides_apart(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import ddpify.verify
+    from ddpify.verify import VerifyResult
+
+    seen = {}
+
+    def fake_verify(original, converted, **kwargs):
+        seen["converted_source"] = kwargs["converted_source"]
+        settings = {"original": str(original), "converted": str(converted), "nproc": 2}
+        return VerifyResult(0, "match", "gradients match", settings=settings)
+
+    monkeypatch.setattr(ddpify.verify, "run_verify", fake_verify)
+    (tmp_path / "train.py").write_text(SINGLE_GPU)
+    code, out, _ = run(capsys, "migrate", "train.py", "--verify")
+    assert code == 0
+    header = out.splitlines()[0]
+    assert header.startswith("ddpify verify: train.py (1 process) vs the migration of train.py")
+    assert "DistributedSampler" in seen["converted_source"]
