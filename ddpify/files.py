@@ -221,9 +221,18 @@ def write_file(
             _write_in_place(target, data)
         else:
             clean_stale_temp_files(target)
-            _replace(target, data, info)
+            try:
+                _replace(target, data, info)
+            except _OwnerNotKept:
+                # A new file cannot get the old owner or group (no privilege to chown):
+                # rewriting the file itself keeps them.
+                _write_in_place(target, data)
     except OSError as exc:
         raise SourceError(exc.strerror or str(exc)) from None
+
+
+class _OwnerNotKept(Exception):
+    """The temporary file cannot be given the owner and group of the file it replaces."""
 
 
 def _write_in_place(target: Path, data: bytes) -> None:
@@ -251,13 +260,18 @@ def _replace(target: Path, data: bytes, info: os.stat_result | None) -> None:
         try:
             _write_all(fd, data)
             if info is not None:
+                made = os.fstat(fd)
                 if hasattr(os, "fchown") and (info.st_uid, info.st_gid) != (
-                    os.geteuid(),
-                    os.getegid(),
+                    made.st_uid,
+                    made.st_gid,
                 ):
                     # Ownership first: chown clears set-id bits, the chmod below restores
-                    # exactly the old mode. Failing to keep the owner is an error.
-                    os.fchown(fd, info.st_uid, info.st_gid)
+                    # exactly the old mode. Where it cannot be kept, the caller writes the
+                    # file in place instead.
+                    try:
+                        os.fchown(fd, info.st_uid, info.st_gid)
+                    except PermissionError:
+                        raise _OwnerNotKept from None
                 os.fchmod(fd, stat.S_IMODE(info.st_mode))
             else:
                 umask = os.umask(0)

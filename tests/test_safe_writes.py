@@ -120,3 +120,29 @@ def test_a_file_with_a_bom_counts_as_unchanged(tmp_path):
     source = read_source(path)
     write_file(path, source.encode("x = 2\r\n"), expected=source.data)
     assert path.read_bytes() == b"\xef\xbb\xbfx = 2\r\n"
+
+
+def test_when_the_owner_cannot_be_kept_the_file_is_rewritten_in_place(tmp_path, monkeypatch):
+    path = tmp_path / "train.py"
+    path.write_bytes(b"old\n")
+    os.chmod(path, 0o640)
+    before = path.stat()
+    made = os.fstat
+
+    def other_group(fd):  # the temporary file comes out in another group
+        info = made(fd)
+        fields = list(info)
+        fields[stat.ST_GID] = info.st_gid + 1
+        return os.stat_result(fields)
+
+    def no_privilege(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fstat", other_group)
+    monkeypatch.setattr(os, "fchown", no_privilege)
+    write_file(path, b"new\n", expected=b"old\n")
+    after = path.stat()
+    assert path.read_bytes() == b"new\n"
+    assert after.st_ino == before.st_ino  # the same file, so the same owner and group
+    assert stat.S_IMODE(after.st_mode) == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["train.py"]
