@@ -11,6 +11,7 @@ not Python (`%magic`, `!shell`, `%%cell magic`, `help?`) is replaced line by lin
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Sequence
@@ -138,9 +139,9 @@ def check_notebook(data: bytes, filename: str, rule_types: Sequence[type[Rule]])
     return result
 
 
-def with_script(notebook: Notebook, text: str) -> bytes:
-    """The notebook with its code cells replaced by those of the (fixed) virtual script;
-    everything else (outputs, metadata, key order, indentation) as it was."""
+def cell_sources(notebook: Notebook, text: str) -> dict[int, str]:
+    """The source of each code cell (by 1-based cell number) in a (fixed) virtual script,
+    IPython lines restored; SourceError when the cells cannot be told apart."""
     sources: dict[int, list[str]] = {}
     current: list[str] = []
     for line in text.splitlines():
@@ -156,13 +157,37 @@ def with_script(notebook: Notebook, text: str) -> bytes:
     code_cells = [i for i, c in enumerate(notebook.cells, start=1) if c.get("cell_type") == "code"]
     if current or sorted(sources) != code_cells:
         raise SourceError("the fixed cells could not be told apart; the notebook was not written")
+    result = {}
     for index, lines in sources.items():
+        old = _cell_text(notebook.cells[index - 1])
+        result[index] = "\n".join(lines) + ("\n" if old.endswith("\n") and lines else "")
+    return result
+
+
+def with_script(notebook: Notebook, text: str) -> bytes:
+    """The notebook with its code cells replaced by those of the (fixed) virtual script;
+    everything else (outputs, metadata, key order, indentation) as it was."""
+    for index, new in cell_sources(notebook, text).items():
         cell = notebook.cells[index - 1]
-        old = _cell_text(cell)
-        new = "\n".join(lines) + ("\n" if old.endswith("\n") and lines else "")
-        if new != old:
+        if new != _cell_text(cell):
             cell["source"] = _as_source(new, cell.get("source"))
     return _dump(notebook)
+
+
+def cell_diff(notebook: Notebook, text: str) -> str:
+    """A unified diff per changed code cell, headed `path:cell N`, as ruff shows them."""
+    parts = []
+    for index, new in cell_sources(notebook, text).items():
+        old = _cell_text(notebook.cells[index - 1])
+        if new != old:
+            lines = difflib.unified_diff(
+                old.splitlines(keepends=True),
+                new.splitlines(keepends=True),
+                fromfile=f"a/{notebook.path}:cell {index}",
+                tofile=f"b/{notebook.path}:cell {index}",
+            )
+            parts.append("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    return "".join(parts)
 
 
 def _as_source(text: str, old: Any) -> Any:

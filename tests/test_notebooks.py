@@ -103,3 +103,14 @@ def test_migrate_refuses_a_notebook_with_a_reason(capsys, tmp_path):
     assert code == 2
     assert "migrate takes Python scripts" in capsys.readouterr().err
     assert path.read_bytes() == FIXTURE.read_bytes()
+
+
+def test_diff_shows_each_changed_cell_and_writes_nothing(capsys, tmp_path):
+    path = tmp_path / "nb.ipynb"
+    shutil.copy(FIXTURE, path)
+    code, out, _ = run(capsys, "check", str(path), "--diff")
+    assert code == 1
+    assert f"--- a/{path}:cell 4\n+++ b/{path}:cell 4\n" in out
+    assert '+scaler = GradScaler("cuda")  # fp16 loss scaling\n' in out
+    assert "ddpify:" not in out  # none of the virtual script's cell markers
+    assert path.read_bytes() == FIXTURE.read_bytes()

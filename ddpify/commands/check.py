@@ -20,7 +20,7 @@ from ddpify.diagnostics import Diagnostic, Severity
 from ddpify.files import SourceError, decode_source, read_bounded, read_source, write_file
 from ddpify.fixes import fix_until_stable, fixable
 from ddpify.gates import GateError
-from ddpify.notebooks import is_notebook, read_notebook, to_cells, with_script
+from ddpify.notebooks import cell_diff, is_notebook, read_notebook, to_cells, with_script
 from ddpify.output import HUMAN_FORMATS, RENDERERS, statistics
 from ddpify.rules import UnknownRuleError
 from ddpify.rules.base import Rule
@@ -254,7 +254,13 @@ def _fix_file(
         )
         return None
     if outcome.changed:
-        if args.diff:
+        if args.diff and notebook is not None:
+            try:
+                totals.diffs.append(cell_diff(notebook, outcome.text))
+            except SourceError as exc:
+                totals.failures.append(f"{path}: {exc}")
+                return None
+        elif args.diff:
             totals.diffs.append(_unified_diff(outcome.original, outcome.text, path))
         else:
             try:
@@ -428,7 +434,9 @@ def _run_stdin(
     diagnostics = [buffer.place(d) for d in diagnostics]
 
     if args.diff:
-        if text != original:
+        if text != original and buffer.notebook is not None:
+            sys.stdout.write(cell_diff(buffer.notebook, text))
+        elif text != original:
             sys.stdout.write(_unified_diff(original, text, filename))
         return EXIT_FINDINGS if text != original and not args.exit_zero else EXIT_OK
     if args.fix:
