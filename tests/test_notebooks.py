@@ -114,3 +114,14 @@ def test_diff_shows_each_changed_cell_and_writes_nothing(capsys, tmp_path):
     assert '+scaler = GradScaler("cuda")  # fp16 loss scaling\n' in out
     assert "ddpify:" not in out  # none of the virtual script's cell markers
     assert path.read_bytes() == FIXTURE.read_bytes()
+
+
+def test_cached_results_keep_their_cells(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FIXTURE, "nb.ipynb")
+    first = main(["check", "nb.ipynb", "--output-format", "concise"])
+    cold = capsys.readouterr().out
+    assert (tmp_path / ".ddpify_cache").is_dir()
+    second = main(["check", "nb.ipynb", "--output-format", "concise"])
+    assert (first, cold) == (second, capsys.readouterr().out)
+    assert "nb.ipynb:cell 4:8:10: DDP043" in cold
