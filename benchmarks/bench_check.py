@@ -32,6 +32,8 @@ def corpus(paths: list[str]) -> list[tuple[str, str]]:
         path = Path(raw)
         found = iter_python_files(path, respect_gitignore=False) if path.is_dir() else [path]
         for file in found:
+            if file.suffix == ".ipynb":
+                continue  # scripts only: the parse-only baseline cannot read a notebook
             source = read_source(file)
             if "torch" in source.text:
                 files.append((str(file), source.text))

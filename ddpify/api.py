@@ -13,8 +13,9 @@ from typing import Callable
 from ddpify.cache import ResultCache
 from ddpify.diagnostics import Diagnostic, Severity
 from ddpify.engine import FileResult, check_bytes, parse_error
-from ddpify.files import iter_python_files
+from ddpify.files import SourceError, iter_python_files, read_bounded
 from ddpify.guarded import GaveUp, isolated
+from ddpify.notebooks import check_notebook, is_notebook
 from ddpify.rules import RULES_BY_CODE
 from ddpify.rules.base import Rule
 
@@ -65,12 +66,12 @@ def collect_files(
     empty: list[str] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
+        if os.path.isdir(path):
             found = list(iter_python_files(path, exclude))
             if not found:
                 empty.append(raw)
             files.extend(found)
-        elif path.is_file():
+        elif os.path.isfile(path):
             files.append(path)
         elif path.exists() or path.is_symlink():
             errors.append(f"{raw}: not a regular file or directory")
@@ -80,14 +81,16 @@ def collect_files(
     return unique, errors, empty
 
 
-def _read_failure(path: Path, exc: OSError) -> FileResult:
-    reason = exc.strerror or str(exc)
-    return FileResult(str(path), [parse_error(str(path), f"cannot read file: {reason}")])
+def _read_failure(path: Path, exc: SourceError) -> FileResult:
+    return FileResult(str(path), [parse_error(str(path), f"cannot read file: {exc}")])
 
 
 def _check_data(args: tuple[str, bytes, Sequence[str]]) -> FileResult:
     filename, data, codes = args
-    return check_bytes(data, filename, [RULES_BY_CODE[code] for code in codes])
+    rules = [RULES_BY_CODE[code] for code in codes]
+    if is_notebook(filename):
+        return check_notebook(data, filename, rules)
+    return check_bytes(data, filename, rules)
 
 
 def _check_in_pool(work: list[tuple[str, bytes, Sequence[str]]], jobs: int) -> list[FileResult]:
@@ -132,8 +135,8 @@ def check_paths(
     pending: list[tuple[int, str, bytes]] = []
     for index, path in enumerate(files):
         try:
-            data = path.read_bytes()
-        except OSError as exc:
+            data = read_bounded(path)
+        except SourceError as exc:
             results[index] = _read_failure(path, exc)
             continue
         hit = cache.get(cache.key(str(path), data)) if cache else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,17 @@ from typing import Any
 from ddpify import __version__
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.engine import FileResult
-from ddpify.files import write_atomic
+from ddpify.files import SourceError, write_atomic
 
 CACHE_DIR = ".ddpify_cache"
 CACHE_FILE = "check-results.json"
+CACHE_ENV = "DDPIFY_CACHE_DIR"
+
+
+def cache_dir_from_env() -> Path:
+    """$DDPIFY_CACHE_DIR, or the default when it is unset or empty (an empty value must
+    not mean "the current directory")."""
+    return Path(os.environ.get(CACHE_ENV, "").strip() or CACHE_DIR)
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,6 +70,7 @@ def _decode(data: dict[str, Any]) -> Diagnostic:
         _location(data["end_location"]),
         fix,
         tuple(data["source_lines"]),
+        data.get("cell"),
     )
 
 
@@ -108,11 +117,15 @@ class ResultCache:
 
     def save(self) -> None:
         """Keep what this run used; entries for files that changed or vanished go."""
+        directory = self.path.parent
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            gitignore = self.path.parent / ".gitignore"
-            if not gitignore.exists():
+            ours = not directory.exists() or directory.name == CACHE_DIR
+            directory.mkdir(parents=True, exist_ok=True)
+            gitignore = directory / ".gitignore"
+            # Only a directory that is the cache's own gets a `*` .gitignore: written
+            # into a project directory it would hide every new file from git.
+            if ours and not gitignore.exists():
                 gitignore.write_text("# created by ddpify\n*\n", encoding="utf-8")
             write_atomic(self.path, json.dumps(self.used).encode("utf-8"))
-        except OSError:
+        except (OSError, SourceError):
             pass  # a read-only tree still gets its lint results

@@ -20,6 +20,7 @@ Any unknown key or badly typed value is a ConfigError naming the key and the fil
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -154,12 +155,14 @@ def find_config(start: str | Path) -> Path | None:
     """The nearest ddpify.toml, or pyproject.toml with a [tool.ddpify] table, at or above
     `start` (a file or a directory)."""
     directory = Path(start).absolute()
-    if not directory.is_dir():
+    if not os.path.isdir(directory):
         directory = directory.parent
     for candidate_dir in (directory, *directory.parents):
         for name in CONFIG_FILES:
             candidate = candidate_dir / name
-            if candidate.is_file() and (name != "pyproject.toml" or _has_tool_table(candidate)):
+            if os.path.isfile(candidate) and (
+                name != "pyproject.toml" or _has_tool_table(candidate)
+            ):
                 return candidate
     return None
 
@@ -169,8 +172,11 @@ def _has_tool_table(pyproject: Path) -> bool:
         data = _read_toml(pyproject)
     except ConfigError:
         # A broken pyproject.toml that mentions us is still ours to complain about.
-        return "[tool.ddpify" in pyproject.read_text(encoding="utf-8", errors="replace")
-    return "ddpify" in data.get("tool", {})
+        try:
+            return "[tool.ddpify" in pyproject.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    return _tool_table(data) is not None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -181,6 +187,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 (byte {exc.start}); TOML files must be UTF-8"
+        ) from None
+
+
+def _tool_table(data: dict[str, Any]) -> Any:
+    """`[tool.ddpify]`, or None; a `tool` that is not a table has no such key."""
+    tool = data.get("tool", {})
+    return tool.get("ddpify") if isinstance(tool, dict) else None
 
 
 def load_config(
@@ -198,11 +214,12 @@ def load_config(
         if path is None:
             return Config()
     path = Path(path)
-    if not path.is_file():
+    if not os.path.isfile(path):
         raise ConfigError(f"{path}: no such configuration file")
     data = _read_toml(path)
     if path.name == "pyproject.toml":
-        table = data.get("tool", {}).get("ddpify", {})
+        table = _tool_table(data)
+        table = {} if table is None else table
         prefix = "tool.ddpify"
     else:
         table, prefix = data, ""

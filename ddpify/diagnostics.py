@@ -65,6 +65,14 @@ class Diagnostic:
     fix: Fix | None = None
     # The offending physical lines, for renderers that show source context.
     source_lines: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    # In a notebook, the 1-based cell the finding is in; rows then count within the cell.
+    cell: int | None = None
+
+    @property
+    def position(self) -> str:
+        """`row:column`, or `cell N:row:column` in a notebook (as ruff writes them)."""
+        where = f"{self.location.row}:{self.location.column}"
+        return f"cell {self.cell}:{where}" if self.cell is not None else where
 
     @property
     def fails(self) -> bool:

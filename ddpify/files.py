@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import os
-import tempfile
+import stat
 import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ SKIPPED_DIRS = frozenset(
 
 
 class SourceError(Exception):
-    """A file that cannot be read or decoded; the message is shown to the user."""
+    """A file that cannot be read, decoded or written; the message is shown to the user."""
 
 
 @dataclass(frozen=True)
@@ -50,46 +51,82 @@ class SourceFile:
     encoding: str
     newline: str
     has_bom: bool
+    # The bytes as read: a write first checks the file still holds exactly these.
+    data: bytes | None = None
 
     def encode(self, text: str) -> bytes:
-        data = text.encode(self.encoding)
+        try:
+            data = text.encode(self.encoding)
+        except (UnicodeError, LookupError) as exc:
+            raise SourceError(f"the new text cannot be encoded as {self.encoding}: {exc}") from None
         return (b"\xef\xbb\xbf" + data) if self.has_bom and self.encoding == "utf-8" else data
+
+
+def _too_big(size: int) -> SourceError:
+    return SourceError(f"file is {size / 1e6:.1f} MB, over the {MAX_FILE_BYTES // 2**20} MiB limit")
 
 
 def decode_source(data: bytes, path: str) -> SourceFile:
     """Decode like Python does: BOM, then a PEP 263 coding cookie, then UTF-8."""
     if len(data) > MAX_FILE_BYTES:
-        raise SourceError(
-            f"file is {len(data) / 1e6:.1f} MB, over the {MAX_FILE_BYTES // 2**20} MiB limit"
-        )
+        raise _too_big(len(data))
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:
         if "unknown encoding" in str(exc):
             raise SourceError(f"{exc}") from None
         encoding = "utf-8"  # undecodable first lines: let the decode below say where
+    raw = data
     has_bom = encoding == "utf-8-sig"
     if has_bom:
         encoding = "utf-8"
         data = data[3:]
     try:
         text = data.decode(encoding)
-    except (UnicodeDecodeError, LookupError) as exc:
-        reason = exc.reason if isinstance(exc, UnicodeDecodeError) else str(exc)
-        position = f" at byte {exc.start}" if isinstance(exc, UnicodeDecodeError) else ""
+    except UnicodeDecodeError as exc:
         raise SourceError(
-            f"cannot decode as {encoding}{position}: {reason} "
+            f"cannot decode as {encoding} at byte {exc.start}: {exc.reason} "
             "(declare the encoding with a '# -*- coding: ... -*-' line)"
         ) from None
-    return SourceFile(path, text, encoding, _newline_of(text), has_bom)
+    except (UnicodeError, LookupError, ValueError) as exc:
+        # Codecs such as `undefined`, `idna` or `punycode` fail in their own ways.
+        raise SourceError(f"cannot decode with the declared encoding {encoding!r}: {exc}") from None
+    return SourceFile(path, text, encoding, _newline_of(text), has_bom, data=raw)
+
+
+def read_bounded(path: str | Path, limit: int | None = None) -> bytes:
+    """The bytes of a regular file, refusing FIFOs, devices and directories before
+    reading, and never reading more than `limit` (default MAX_FILE_BYTES) + 1 bytes."""
+    limit = MAX_FILE_BYTES if limit is None else limit
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise SourceError(exc.strerror or str(exc)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SourceError("not a regular file (a FIFO, device or directory); not read")
+        if info.st_size > limit:
+            raise _too_big(info.st_size)
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:  # a file that grew, or a size the file system does not report
+            raise _too_big(total)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise SourceError(exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
 
 
 def read_source(path: str | Path) -> SourceFile:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise SourceError(exc.strerror or str(exc)) from None
-    return decode_source(data, str(path))
+    return decode_source(read_bounded(path), str(path))
 
 
 def _newline_of(text: str) -> str:
@@ -101,21 +138,168 @@ def _newline_of(text: str) -> str:
     return "\n"
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Replace `path` with `data` so that readers see the old or the new file, never half."""
-    path = Path(path)
-    mode = path.stat().st_mode if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".ddpify")
+# Temporary files are named `.<target>.ddpify-<pid>-<random>.tmp`: recognisable, and a
+# later run can tell that one belongs to a process that is gone (a killed write).
+TEMP_MARK = ".ddpify-"
+TEMP_SUFFIX = ".tmp"
+
+
+def _temp_pid(name: str, target: str) -> int | None:
+    prefix = f".{target}{TEMP_MARK}"
+    if not (name.startswith(prefix) and name.endswith(TEMP_SUFFIX)):
+        return None
+    pid = name[len(prefix) :].split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def clean_stale_temp_files(target: Path) -> None:
+    """Remove the temporary files a killed ddpify left next to `target`."""
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return
+    for entry in entries:
+        pid = _temp_pid(entry.name, target.name)
+        if pid is not None and pid != os.getpid() and not _alive(pid):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _check_writable(path: Path, info: os.stat_result, force: bool) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise SourceError("not a regular file; not written")
+    if force:
+        return
+    if not info.st_mode & 0o222 or not os.access(path, os.W_OK):
+        raise SourceError("is read-only; not written (--force-write to rewrite it anyway)")
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        raise SourceError(
+            "is owned by another user; not written (--force-write to rewrite it anyway)"
+        )
+
+
+def _check_unchanged(path: Path, expected: bytes) -> None:
+    try:
+        current = read_bounded(path, max(MAX_FILE_BYTES, len(expected)))
+    except SourceError:
+        current = None
+    if current != expected:
+        raise SourceError("changed on disk since ddpify read it; not written (run again)")
+
+
+def write_file(
+    path: str | Path, data: bytes, *, expected: bytes | None = None, force: bool = False
+) -> None:
+    """Write `data` to `path` without losing anything: through a symlink to its target;
+    only if the file still holds `expected` (when given); read-only files and files of
+    another user only with `force`; owner, group and mode kept; fsync, then an atomic
+    rename; a file with several hard links is rewritten in place so the links stay one
+    file. Raises SourceError with a one-line reason."""
+    target = Path(os.path.realpath(path))
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise SourceError(exc.strerror or str(exc)) from None
+    if info is not None:
+        _check_writable(target, info, force)
+    if expected is not None:
+        _check_unchanged(target, expected)
+    try:
+        if info is not None and info.st_nlink > 1:
+            _write_in_place(target, data)
+        else:
+            clean_stale_temp_files(target)
+            try:
+                _replace(target, data, info)
+            except _OwnerNotKept:
+                # A new file cannot get the old owner or group (no privilege to chown):
+                # rewriting the file itself keeps them.
+                _write_in_place(target, data)
+    except OSError as exc:
+        raise SourceError(exc.strerror or str(exc)) from None
+
+
+class _OwnerNotKept(Exception):
+    """The temporary file cannot be given the owner and group of the file it replaces."""
+
+
+def _write_in_place(target: Path, data: bytes) -> None:
+    fd = os.open(target, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, 0)
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _replace(target: Path, data: bytes, info: os.stat_result | None) -> None:
+    tmp = (
+        target.parent / f".{target.name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
+    )
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            _write_all(fd, data)
+            if info is not None:
+                made = os.fstat(fd)
+                if hasattr(os, "fchown") and (info.st_uid, info.st_gid) != (
+                    made.st_uid,
+                    made.st_gid,
+                ):
+                    # Ownership first: chown clears set-id bits, the chmod below restores
+                    # exactly the old mode. Where it cannot be kept, the caller writes the
+                    # file in place instead.
+                    try:
+                        os.fchown(fd, info.st_uid, info.st_gid)
+                    except PermissionError:
+                        raise _OwnerNotKept from None
+                os.fchmod(fd, stat.S_IMODE(info.st_mode))
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _fsync_directory(target.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Replace a file ddpify owns (its cache) with `data`: readers see old or new, never half."""
+    write_file(path, data, force=True)
 
 
 class GitIgnore:
@@ -164,7 +348,8 @@ class GitIgnore:
 def iter_python_files(
     root: Path, exclude: Iterable[str] = (), respect_gitignore: bool = True
 ) -> Iterator[Path]:
-    """Yield .py files under `root` in a stable order, skipping tool and ignored dirs."""
+    """Yield .py, .pyi and .ipynb files under `root` in a stable order, skipping tool and
+    ignored dirs."""
     exclude = tuple(exclude)
 
     def excluded(path: Path) -> bool:
@@ -187,10 +372,10 @@ def iter_python_files(
             if excluded(path) or any(ig.ignores(path, is_dir) for ig in ignores):
                 continue
             if is_dir:
-                if entry.name in SKIPPED_DIRS or (path / "pyvenv.cfg").exists():
+                if entry.name in SKIPPED_DIRS or os.path.exists(path / "pyvenv.cfg"):
                     continue
                 yield from walk(path, ignores)
-            elif entry.name.endswith((".py", ".pyi")) and entry.is_file():
+            elif entry.name.endswith((".py", ".pyi", ".ipynb")) and entry.is_file():
                 yield path
 
     yield from walk(root, [])

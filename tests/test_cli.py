@@ -66,6 +66,7 @@ def test_json_shape(capsys, write):
         "severity": "warning",
         "message": item["message"],
         "filename": str(path),
+        "cell": None,  # the notebook cell, as in ruff's JSON
         "location": {"row": 2, "column": 9},
         "end_location": {"row": 2, "column": 30},
         "fix": None,

@@ -38,6 +38,23 @@ DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 
 # Positions in `DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)`.
 _LOADER_POSITIONS = {"dataset": 0, "batch_size": 1, "shuffle": 2, "sampler": 3, "batch_sampler": 4}
+# DataLoader's positional parameters, in order (the rest are keyword-only): what a fix
+# needs to give by keyword the positional arguments after one it removes.
+LOADER_PARAMETERS = (
+    "dataset",
+    "batch_size",
+    "shuffle",
+    "sampler",
+    "batch_sampler",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+)
 # `DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last)`.
 _SAMPLER_SHUFFLE_POSITION = 3
 

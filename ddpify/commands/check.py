@@ -14,12 +14,13 @@ from typing import TextIO
 
 from ddpify import engine
 from ddpify.api import CheckReport, check_paths, collect_files
-from ddpify.cache import CACHE_DIR
+from ddpify.cache import cache_dir_from_env
 from ddpify.config import Config, ConfigError, load_config
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.files import SourceError, decode_source, read_source, write_atomic
+from ddpify.files import SourceError, decode_source, read_bounded, read_source, write_file
 from ddpify.fixes import fix_until_stable, fixable
 from ddpify.gates import GateError
+from ddpify.notebooks import cell_diff, is_notebook, read_notebook, to_cells, with_script
 from ddpify.output import HUMAN_FORMATS, RENDERERS, statistics
 from ddpify.rules import UnknownRuleError
 from ddpify.rules.base import Rule
@@ -31,7 +32,7 @@ EXAMPLES = """\
 examples:
   ddpify check train.py                 lint one script
   ddpify check src/ --select DDP05      only the rank-0 side-effect rules
-  ddpify check . --ignore DDP041        everything but the learning-rate advice
+  ddpify check . --ignore DDP052        everything but the logging advice
   ddpify check . --fix                  apply the safe fixes (--diff: show them only)
   ddpify check . --output-format sarif --output-file ddpify.sarif   for code scanning
   ddpify check --stdin-filename train.py - < train.py                for editors
@@ -90,6 +91,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     fixing.add_argument(
         "--diff", action="store_true", help="print the fixes as a diff; write nothing"
     )
+    fixing.add_argument(
+        "--force-write",
+        action="store_true",
+        help="with --fix, also rewrite read-only files and files owned by another user",
+    )
     parser.add_argument(
         "--statistics", action="store_true", help="count findings per code instead of listing"
     )
@@ -145,6 +151,26 @@ def _config_start(paths: list[str], stdin_filename: str | None) -> Path:
     return Path(os.path.commonpath(existing))
 
 
+def _output_among_inputs(output: str, inputs: list[str]) -> bool:
+    """Whether writing the report to `output` would overwrite a checked file: one named on
+    the command line, or one inside a directory named there."""
+    out = Path(output).absolute()
+    if not out.exists():
+        return False
+    for raw in inputs:
+        path = Path(raw).absolute()
+        if not path.exists():
+            continue
+        if os.path.isdir(path):
+            if out.suffix in (".py", ".pyi", ".ipynb") and out.resolve().is_relative_to(
+                path.resolve()
+            ):
+                return True
+        elif os.path.samefile(out, path):
+            return True
+    return False
+
+
 def _error(message: str) -> int:
     print(f"ddpify: error: {message}", file=sys.stderr)
     return EXIT_ERROR
@@ -164,6 +190,14 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, UnknownRuleError) as exc:
         return _error(str(exc))
     unsafe = args.unsafe_fixes if args.unsafe_fixes is not None else bool(config.unsafe_fixes)
+    if args.output_file:
+        inputs = [args.stdin_filename] if reading_stdin else args.paths
+        clash = _output_among_inputs(args.output_file, [p for p in inputs if p and p != "-"])
+        if clash:
+            return _error(
+                f"--output-file {args.output_file} is one of the files being checked; "
+                "the report would replace it"
+            )
     if reading_stdin:
         return _run_stdin(args, config, rules, unsafe)
     return _run_paths(args, config, rules, unsafe)
@@ -198,26 +232,46 @@ def _fix_file(
     config: Config,
     rules: list[type[Rule]],
     unsafe: bool,
-    write: bool,
+    args: argparse.Namespace,
     totals: FixTotals,
 ) -> list[Diagnostic] | None:
     """Fix one file; return its remaining findings, or None when it was left alone."""
+    notebook = None
     try:
-        source = read_source(path)
-        outcome = fix_until_stable(
-            source.text, _linter(config, rules, path), unsafe=unsafe, filename=path
-        )
+        if is_notebook(path):
+            notebook = read_notebook(read_bounded(path), path)
+            text, expected = notebook.text, notebook.raw
+        else:
+            source = read_source(path)
+            text, expected = source.text, source.data
+        outcome = fix_until_stable(text, _linter(config, rules, path), unsafe=unsafe, filename=path)
     except SourceError:
         return None  # already reported by the lint pass
     except GateError as exc:
         totals.failures.append(_fix_failure(path, exc, "the file was left unchanged"))
         return None
     if outcome.changed:
-        if write:
-            write_atomic(path, source.encode(outcome.text))
-        else:
+        if args.diff and notebook is not None:
+            try:
+                totals.diffs.append(cell_diff(notebook, outcome.text))
+            except SourceError as exc:
+                totals.failures.append(f"{path}: {exc}")
+                return None
+        elif args.diff:
             totals.diffs.append(_unified_diff(outcome.original, outcome.text, path))
+        else:
+            try:
+                if notebook is not None:
+                    data = with_script(notebook, outcome.text)
+                else:
+                    data = source.encode(outcome.text)
+                write_file(path, data, expected=expected, force=args.force_write)
+            except SourceError as exc:
+                totals.failures.append(f"{path}: {exc}")
+                return None
     totals.fixed += len(outcome.fixed)
+    if notebook is not None:
+        return [to_cells(notebook, d) for d in outcome.remaining]
     return outcome.remaining
 
 
@@ -236,7 +290,7 @@ def _run_paths(
     name_patterns = [p for p in config.exclude_patterns if "/" not in p.strip("/")]
     files, path_errors, empty_dirs = collect_files(args.paths, [*args.exclude, *name_patterns])
     files = [f for f in files if not config.is_excluded(f)]
-    cache_dir = None if args.no_cache else Path(os.environ.get("DDPIFY_CACHE_DIR", CACHE_DIR))
+    cache_dir = None if args.no_cache else cache_dir_from_env()
     report = check_paths([str(f) for f in files], rules, cache_dir=cache_dir)
     report.path_errors, report.empty_dirs = path_errors, empty_dirs
     for result in report.results:
@@ -250,7 +304,7 @@ def _run_paths(
     if args.fix or args.diff:
         for result in report.results:
             if fixable(result.diagnostics, unsafe):
-                remaining = _fix_file(result.filename, config, rules, unsafe, not args.diff, totals)
+                remaining = _fix_file(result.filename, config, rules, unsafe, args, totals)
                 if remaining is not None:
                     result.diagnostics = remaining
     for failure in totals.failures:
@@ -318,43 +372,77 @@ def _fix_failure(path: str, exc: GateError, outcome: str) -> str:
     return f"{path}: the `{exc.pass_name}` fix failed a safety gate ({exc.reason}); {outcome}"
 
 
-def _read_stdin(filename: str):
-    try:
-        return decode_source(sys.stdin.buffer.read(), filename)
-    except SourceError as exc:
-        print(f"ddpify: error: {filename}: cannot read stdin: {exc}", file=sys.stderr)
-        return None
+def _echo(data: bytes) -> None:
+    """Give the editor its buffer back: with `--fix`, stdout replaces the buffer."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+class _Buffer:
+    """An editor's buffer: a script, or a notebook linted as the script of its code cells."""
+
+    def __init__(self, raw: bytes, filename: str) -> None:
+        self.notebook = read_notebook(raw, filename) if is_notebook(filename) else None
+        self.source = None if self.notebook else decode_source(raw, filename)
+        self.text = self.notebook.text if self.notebook else self.source.text
+
+    def encode(self, text: str) -> bytes:
+        if self.notebook is not None:
+            return with_script(self.notebook, text)
+        return self.source.encode(text)
+
+    def place(self, diagnostic: Diagnostic) -> Diagnostic:
+        return to_cells(self.notebook, diagnostic) if self.notebook else diagnostic
 
 
 def _run_stdin(
     args: argparse.Namespace, config: Config, rules: list[type[Rule]], unsafe: bool
 ) -> int:
     filename = args.stdin_filename or "-"
-    source = _read_stdin(filename)
-    if source is None:
-        return EXIT_ERROR
+    raw = sys.stdin.buffer.read()
+    try:
+        buffer = _Buffer(raw, filename)
+    except SourceError as exc:
+        if args.fix:
+            _echo(raw)
+        return _error(f"{filename}: cannot read stdin: {exc}")
     crashes: list[str] = []
     lint = _linter(config, rules, filename, crashes)
-    text, diagnostics = source.text, None
+    original = text = buffer.text
+    diagnostics: list[Diagnostic] = []
     if args.fix or args.diff:
         try:
             outcome = fix_until_stable(text, lint, unsafe=unsafe, filename=filename)
+            fixed = buffer.encode(outcome.text)
         except GateError as exc:
+            if args.fix:
+                _echo(raw)
             return _error(_fix_failure(filename, exc, "nothing was changed"))
+        except SourceError as exc:
+            if args.fix:
+                _echo(raw)
+            return _error(f"{filename}: {exc}; nothing was changed")
+        except Exception as exc:  # noqa: BLE001 - an editor must get its buffer back
+            if args.fix:
+                _echo(raw)
+            print(f"ddpify: internal error: {filename}: {exc!r}", file=sys.stderr)
+            return EXIT_ERROR
         text, diagnostics = outcome.text, outcome.remaining
     else:
         diagnostics = lint(text)
+    diagnostics = [buffer.place(d) for d in diagnostics]
 
     if args.diff:
-        if text != source.text:
-            sys.stdout.write(_unified_diff(source.text, text, filename))
-        return EXIT_FINDINGS if text != source.text and not args.exit_zero else EXIT_OK
+        if text != original and buffer.notebook is not None:
+            sys.stdout.write(cell_diff(buffer.notebook, text))
+        elif text != original:
+            sys.stdout.write(_unified_diff(original, text, filename))
+        return EXIT_FINDINGS if text != original and not args.exit_zero else EXIT_OK
     if args.fix:
         # The whole buffer goes back on stdout (an editor replaces its text with it); the
         # findings that remain go to stderr, or to --output-file.
-        sys.stdout.flush()
-        sys.stdout.buffer.write(source.encode(text))
-        sys.stdout.flush()
+        _echo(fixed if text != original else raw)
     fmt = args.output_format or "concise"
     try:
         if args.output_file:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from pathlib import Path
 
-from ddpify.files import SourceError, read_source, write_atomic
+from ddpify.config import ConfigError, MigrateConfig, load_config
+from ddpify.files import SourceError, read_source, write_file
 from ddpify.gates import GateError
 from ddpify.migrate import MigrationResult, Options, migrate_source
 
@@ -57,30 +59,38 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     mode.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if the script would change"
     )
+    # Defaults are None so that [tool.ddpify.migrate] can fill what the flags leave out.
     parser.add_argument(
         "--batch-policy",
         choices=["per-rank", "global"],
-        default="per-rank",
         help="per-rank (default): keep the batch per process, scale the LR; "
         "global: batch // N per process, LR unchanged",
     )
     parser.add_argument(
         "--lr-scaling",
-        choices=["linear", "sqrt", "none"],
-        help="override the LR rule (default: linear for SGD, sqrt for Adam-like)",
+        choices=["auto", "linear", "sqrt", "none"],
+        help="the LR rule (default auto: linear for SGD, sqrt for Adam-like)",
     )
     parser.add_argument(
         "--amp",
         choices=["auto", "bf16", "fp16", "off"],
-        default="auto",
         help="mixed precision on GPUs (default auto: bf16 where supported, else fp16)",
     )
     parser.add_argument(
         "--no-sync-bn",
         dest="sync_bn",
-        action="store_false",
+        action="store_const",
+        const=False,
         help="do not convert BatchNorm to SyncBatchNorm",
     )
+    parser.add_argument(
+        "--force-write",
+        action="store_true",
+        help="also rewrite a read-only script or one owned by another user",
+    )
+    settings = parser.add_mutually_exclusive_group()
+    settings.add_argument("--config", metavar="PATH", help="use this pyproject.toml/ddpify.toml")
+    settings.add_argument("--isolated", action="store_true", help="ignore every configuration file")
     if _verify_available():
         parser.add_argument(
             "--verify",
@@ -127,12 +137,24 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    if args.script.endswith(".ipynb"):
+        print(
+            f"ddpify: error: {args.script}: migrate takes Python scripts; export the notebook "
+            "first (jupyter nbconvert --to script)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    try:
+        defaults = load_config(args.config, start=args.script, isolated=args.isolated).migrate
+    except ConfigError as exc:
+        print(f"ddpify: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     try:
         source = read_source(args.script)
     except SourceError as exc:
         print(f"ddpify: error: {args.script}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    options = Options(args.batch_policy, args.lr_scaling, args.amp, args.sync_bn)
+    options = _options(args, defaults)
     try:
         result = migrate_source(source.text, args.script, options)
     except GateError as exc:
@@ -162,13 +184,39 @@ def run(args: argparse.Namespace) -> int:
         if code != EXIT_OK:
             return code
     if result.changed or args.output:
+        in_place = _same_file(target, Path(args.script))
         try:
-            write_atomic(target, source.encode(result.output))
-        except OSError as exc:
-            print(f"ddpify: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+            data = source.encode(result.output)
+            write_file(
+                target, data, expected=source.data if in_place else None, force=args.force_write
+            )
+        except SourceError as exc:
+            print(f"ddpify: error: {target}: {exc}", file=sys.stderr)
             return EXIT_ERROR
     result.render(report, str(target))
     return EXIT_OK
+
+
+def _options(args: argparse.Namespace, defaults: MigrateConfig) -> Options:
+    """Command-line flags win over [tool.ddpify.migrate], which wins over the defaults."""
+
+    def pick(flag, configured, default):
+        return flag if flag is not None else configured if configured is not None else default
+
+    lr_scaling = pick(args.lr_scaling, defaults.lr_scaling, "auto")
+    return Options(
+        pick(args.batch_policy, defaults.batch_policy, "per-rank"),
+        None if lr_scaling == "auto" else lr_scaling,  # None: chosen by optimizer
+        pick(args.amp, defaults.amp, "auto"),
+        pick(args.sync_bn, defaults.sync_bn, True),
+    )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _diff(result: MigrationResult, path: str) -> list[str]:
@@ -195,6 +243,9 @@ def _verify(result: MigrationResult, original: Path, target: Path, script_args) 
         lr_scale=result.lr_scale_for(nproc),
         converted_source=result.output,
     )
+    if _same_file(target, original):
+        # In place: the file on disk is still the original; name the other side for what it is.
+        outcome.settings["converted"] = f"the migration of {original} (not yet written)"
     outcome.render(sys.stdout)
     if outcome.exit_code != 0:
         print(f"ddpify: verification did not pass; {target} was not written", file=sys.stderr)

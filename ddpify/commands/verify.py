@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
+
+from ddpify.files import SourceError, read_source
 
 EXAMPLES = """\
 examples:
@@ -36,10 +39,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("original", type=Path, help="the single-process script")
     parser.add_argument("converted", type=Path, help="its DDP version")
-    parser.add_argument("--nproc", type=int, default=2, help="processes for CONVERTED (2)")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps to compare (3)")
-    parser.add_argument("--rtol", type=float, help="relative tolerance (default: the dtype's)")
-    parser.add_argument("--atol", type=float, help="absolute tolerance (default: the dtype's)")
+    parser.add_argument("--nproc", type=positive_int, default=2, help="processes for CONVERTED (2)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=3, help="optimizer steps to compare (3)"
+    )
+    parser.add_argument(
+        "--rtol", type=non_negative, help="relative tolerance (default: the dtype's)"
+    )
+    parser.add_argument(
+        "--atol", type=non_negative, help="absolute tolerance (default: the dtype's)"
+    )
     parser.add_argument(
         "--batch-policy",
         choices=["per-rank", "global", "auto"],
@@ -47,15 +56,65 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--lr-scale",
-        type=float,
+        type=positive,
         help="the converted LR divided by the original's (default: markers, else 1, N or sqrt(N))",
     )
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds allowed for each run (300)"
+        "--timeout", type=positive, default=300.0, help="seconds allowed for each run (300)"
     )
     parser.add_argument("--output-format", choices=["full", "json"], default="full")
     parser.set_defaults(run=run, script_args=[])
     parser.parse_known_args = split_script_args(parser.parse_known_args)
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def non_negative(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def unreadable_input(path: Path) -> str | None:
+    """Why a script cannot be verified before anything runs: unreadable, undecodable, or
+    not valid Python (compiled, never executed). None when it can be run."""
+    try:
+        source = read_source(path)
+        compile(source.text, str(path), "exec", dont_inherit=True)
+    except SourceError as exc:
+        return f"{path}: {exc}"
+    except SyntaxError as exc:
+        where = f"{path}:{exc.lineno}" if exc.lineno else str(path)
+        return f"{where}: not valid Python: {exc.msg}"
+    except (ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        return f"{path}: cannot be compiled: {exc}"
+    return None
 
 
 def split_script_args(parse_known_args):
@@ -78,6 +137,11 @@ def split_script_args(parse_known_args):
 
 
 def run(args: argparse.Namespace) -> int:
+    for path in (args.original, args.converted):
+        problem = unreadable_input(path)
+        if problem:
+            print(f"ddpify: error: {problem}; nothing was run", file=sys.stderr)
+            return 2
     from ddpify.verify import run_verify
     from ddpify.verify.markers import read_markers
 

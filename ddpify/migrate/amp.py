@@ -43,8 +43,10 @@ def run(tree: Tree, plan: Plan) -> Edits:
         return edits
     steps = [step for step in (_training_step(tree, call) for call in backward_calls(tree)) if step]
     if not steps:
+        backward = backward_calls(tree)
         plan.needs_human(
-            "mixed precision not added: no forward/backward/step sequence found in one block", None
+            "mixed precision not added: no forward/backward/step sequence found in one block",
+            tree.code(tree.statement(backward[0])) if backward else None,
         )
         return edits
     for step in steps:

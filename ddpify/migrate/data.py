@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_LOADER,
@@ -23,7 +25,7 @@ from ddpify.migrate.analyze import (
     optimizer_calls,
     train_loaders,
 )
-from ddpify.migrate.args import append_arg, keyword, parenthesize, replace_arg
+from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.tree import Tree, names_in
 
@@ -84,7 +86,7 @@ def _sampler_call(tree: Tree, expr: cst.BaseExpression | None) -> cst.BaseExpres
 
 def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     call = loader.call
-    sampler = find_arg(call, "sampler", 2)
+    sampler = find_arg(call, "sampler", 3)
     batch_sampler = find_arg(call, "batch_sampler")
     if sampler is not None or batch_sampler is not None:
         given = sampler or batch_sampler
@@ -102,11 +104,18 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     dataset = find_arg(call, "dataset", 0)
     if dataset is None:
         return
+    shuffle = find_arg(call, "shuffle", 2)
+    if (
+        shuffle is not None
+        and replace_with_keyword(call, shuffle, shuffle, LOADER_PARAMETERS) is None
+    ):
+        # `*args` after a positional shuffle: its slots cannot be given by keyword.
+        plan.needs_human("add a DistributedSampler to this loader", tree.code(call))
+        return
     statement = tree.statement(call)
     data_code = tree.code(dataset.value)
     if dotted(dataset.value) is None:
         data_code = _hoist_dataset(tree, plan, edits, loader, dataset, statement)
-    shuffle = find_arg(call, "shuffle", 2)
     shuffle_code = tree.code(shuffle.value) if shuffle is not None else "False"
     plan.needs.add("sampler")
     new_arg = keyword(
@@ -116,7 +125,7 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     def add_sampler(updated: cst.Call) -> cst.Call:
         old = find_arg(updated, "shuffle", 2)
         if old is not None:
-            return replace_arg(updated, old, new_arg)
+            return replace_with_keyword(updated, old, new_arg, LOADER_PARAMETERS) or updated
         return append_arg(updated, new_arg)
 
     edits.replace(call, add_sampler)

@@ -328,7 +328,7 @@ def _add_destroy(tree: Tree, plan: Plan, edits: Edits) -> None:
         plan.needs_human(
             "the process group is never destroyed; call "
             "dist.destroy_process_group() when training ends",
-            None,
+            tree.code(tree.statement(tree.calls_to(INIT_PG)[0])),
         )
         return
     plan.needs.add("dist")

@@ -7,6 +7,7 @@ for bugs.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -86,6 +87,8 @@ class MigrationResult:
             if free:
                 claimed.add(free[0])
                 item.line = free[0] + 1
+            else:  # the migration rewrote the anchor's line: find it in the original
+                item.line = _output_line(self.original, self.output, anchor)
         self.changes.sort(key=lambda c: c.line or 0)
         self.needs_human.sort(key=lambda h: h.line or 0)
 
@@ -116,6 +119,21 @@ class MigrationResult:
         write("\nRun it:\n")
         for label, command in self.commands(script):
             write(f"  # {label}\n  {command}\n")
+
+
+def _output_line(original: str, output: str, anchor: str) -> int | None:
+    """The output line that stands where `anchor`'s line of the original stood: the line
+    itself when it survived, else the first line of the hunk that replaced it."""
+    before = [line.strip() for line in original.splitlines()]
+    index = next((i for i, line in enumerate(before) if anchor and anchor in line), None)
+    if index is None:
+        return None
+    after = [line.strip() for line in output.splitlines()]
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    for _tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if i1 <= index < i2:
+            return min(j1 + (index - i1), max(j2 - 1, j1)) + 1
+    return None
 
 
 def _line(line: int | None) -> str:

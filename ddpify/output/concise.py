@@ -7,7 +7,7 @@ from ddpify.diagnostics import Diagnostic
 
 def line(d: Diagnostic) -> str:
     fixable = " [*]" if d.fix is not None else ""
-    return f"{d.filename}:{d.location.row}:{d.location.column}: {d.code}{fixable} {d.message}"
+    return f"{d.filename}:{d.position}: {d.code}{fixable} {d.message}"
 
 
 def render(diagnostics: list[Diagnostic], stream: TextIO) -> None:

@@ -40,7 +40,7 @@ def _snippet(d: Diagnostic) -> list[Text]:
 def render(diagnostics: list[Diagnostic], stream: TextIO) -> None:
     console = Console(file=stream, highlight=False, soft_wrap=True)
     for d in diagnostics:
-        head = Text(f"{d.filename}:{d.location.row}:{d.location.column}: ", style="bold")
+        head = Text(f"{d.filename}:{d.position}: ", style="bold")
         head.append(d.code, style=_STYLE[d.severity])
         if d.fix is not None:
             head.append(" [*]", style="cyan")

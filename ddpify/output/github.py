@@ -27,7 +27,7 @@ def line(d: Diagnostic) -> str:
         "title": f"ddpify ({d.code})",
     }
     joined = ",".join(f"{key}={_escape_property(str(value))}" for key, value in properties.items())
-    message = f"{d.filename}:{d.location.row}:{d.location.column}: {d.code} {d.message}"
+    message = f"{d.filename}:{d.position}: {d.code} {d.message}"
     return f"::{_COMMAND[d.severity]} {joined}::{_escape_data(message)}"
 
 

@@ -31,6 +31,7 @@ def to_dict(d: Diagnostic) -> dict[str, Any]:
         "severity": d.severity.value,
         "message": d.message,
         "filename": d.filename,
+        "cell": d.cell,
         "location": _location(d.location),
         "end_location": _location(d.end_location),
         "fix": fix,

@@ -77,15 +77,22 @@ def render_text(result: VerifyResult) -> str:
         )
     if result.steps:
         lines.append("")
+        compared = [
+            row.compared + (f" (opt {row.optimizer})" if row.optimizer else "")
+            for row in result.steps
+        ]
+        # Columns as wide as their longest entry: a long parameter name must not push
+        # the result column out of line.
+        compared_width = max([len("compared"), *map(len, compared)]) + 2
+        worst_width = max([len("worst parameter"), *(len(r.worst or "-") for r in result.steps)])
         lines.append(
-            f"{'step':>4}  {'compared':<22}{'max abs':>10}{'max rel':>10}  "
-            f"{'worst parameter':<28}result"
+            f"{'step':>4}  {'compared':<{compared_width}}{'max abs':>10}{'max rel':>10}  "
+            f"{'worst parameter':<{worst_width}}  result"
         )
-        for row in result.steps:
-            optimizer = f" (opt {row.optimizer})" if row.optimizer else ""
+        for row, what in zip(result.steps, compared):
             lines.append(
-                f"{row.step:>4}  {(row.compared + optimizer):<22}{number(row.max_abs):>10}"
-                f"{number(row.max_rel):>10}  {(row.worst or '-'):<28}"
+                f"{row.step:>4}  {what:<{compared_width}}{number(row.max_abs):>10}"
+                f"{number(row.max_rel):>10}  {(row.worst or '-'):<{worst_width}}  "
                 f"{'ok' if row.ok else 'FAIL'}"
             )
         lines.append("")
@@ -119,7 +126,8 @@ def finding_lines(findings: list[Finding]) -> list[str]:
     lines = []
     for what, finding in first.items():
         where = f"step {finding.step}: " if finding.step else ""
-        again = later[what]
+        # Each later step once: several findings of a kind at one step are one repeat.
+        again = sorted(set(later[what]) - {finding.step or 0})
         also = f" (again at step{'s' if len(again) > 1 else ''} {', '.join(map(str, again))})"
         lines.append(f"  x {where}{what}: {finding.message}{also if again else ''}")
     return lines

@@ -2,9 +2,10 @@ import re
 
 import libcst as cst
 
-from ddpify.analysis.loaders import LoaderCall, LoaderFacts, names_in
+from ddpify.analysis.loaders import LOADER_PARAMETERS, LoaderCall, LoaderFacts, names_in
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
+from ddpify.arguments import insert_keyword_after, keyword_arg, replace_with_keyword
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.data._common import (
@@ -66,35 +67,18 @@ class NoDistributedSampler(LoaderRule):
         sampler = cst.parse_expression(
             f"{spelling}({dataset_arg.value.value}, shuffle={old_shuffle})"
         )
-        args = list(loader.call.args)
+        new_arg = keyword_arg("sampler", sampler)
         if shuffle is not None:
-            index = args.index(shuffle)
-            args[index] = shuffle.with_changes(keyword=cst.Name("sampler"), value=sampler)
+            new_call = replace_with_keyword(loader.call, shuffle, new_arg, LOADER_PARAMETERS)
         else:
-            args = _insert_after(args, args.index(dataset_arg), _keyword_arg("sampler", sampler))
-        new_call = loader.call.with_changes(args=args)
+            new_call = insert_keyword_after(loader.call, dataset_arg, new_arg)
+        if new_call is None:
+            return None
         return NodeFix(
             f"Pass `sampler={spelling}(...)` (call its `set_epoch` every epoch)",
             ((loader.call, new_call),),
             Applicability.UNSAFE,
         )
-
-
-def _keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
-    return cst.Arg(
-        value=value,
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-    )
-
-
-def _insert_after(args: list[cst.Arg], index: int, new: cst.Arg) -> list[cst.Arg]:
-    """Insert `new` after `args[index]`, laid out like the argument before it."""
-    before = args[index]
-    if before.comma is cst.MaybeSentinel.DEFAULT:  # the last argument, no trailing comma
-        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        return [*args[:index], before.with_changes(comma=comma), new, *args[index + 1 :]]
-    return [*args[: index + 1], new.with_changes(comma=before.comma), *args[index + 1 :]]
 
 
 def _severity(loader: LoaderCall, facts: LoaderFacts) -> Severity | None:

@@ -2,8 +2,9 @@ import enum
 
 import libcst as cst
 
-from ddpify.analysis.loaders import LoaderCall, LoaderFacts
+from ddpify.analysis.loaders import LOADER_PARAMETERS, LoaderCall, LoaderFacts
 from ddpify.analysis.names import dotted
+from ddpify.arguments import drop_arg
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.data._common import LoaderRule, comments, is_none, is_true_literal
@@ -49,7 +50,9 @@ class ShuffleWithSampler(LoaderRule):
     def _fix(self, loader: LoaderCall, shuffle: cst.Arg, kind: _Kind) -> NodeFix | None:
         if kind is _Kind.ORDERED:
             return None  # the script asks for both orders; a person has to choose
-        new_call = loader.call.with_changes(args=_without(list(loader.call.args), shuffle))
+        new_call = drop_arg(loader.call, shuffle, LOADER_PARAMETERS)
+        if new_call is None:
+            return None  # the arguments after it cannot be given by keyword
         keeps_comments = comments(new_call) == comments(loader.call)
         safe = kind is _Kind.SHUFFLING and keeps_comments
         return NodeFix(
@@ -101,14 +104,6 @@ def _severity(value: cst.BaseExpression, loader: LoaderCall) -> Severity:
         if param.name.value == value.value and param.default is not None:
             return Severity.INFO if is_none(param.default) else Severity.ERROR
     return Severity.ERROR
-
-
-def _without(args: list[cst.Arg], removed: cst.Arg) -> list[cst.Arg]:
-    index = args.index(removed)
-    if index == len(args) - 1 and index > 0:
-        # The argument before becomes the last: it takes over the trailing comma, or none.
-        args[index - 1] = args[index - 1].with_changes(comma=removed.comma)
-    return args[:index] + args[index + 1 :]
 
 
 def _message(key: str, value: str, kind: _Kind) -> str:
