@@ -149,6 +149,7 @@ class SameSeedEveryRank(DistributedRule):
 
 
 def _dotted_names(expr: cst.CSTNode) -> list[str]:
+    """Names in `expr`, and the strings it reads (`os.environ["RANK"]`)."""
     found, stack = [], [expr]
     while stack:
         node = stack.pop()
@@ -156,5 +157,7 @@ def _dotted_names(expr: cst.CSTNode) -> list[str]:
         if name is not None:
             found.append(name)
             continue
+        if isinstance(node, cst.SimpleString):
+            found.append(node.raw_value)
         stack.extend(node.children)
     return found

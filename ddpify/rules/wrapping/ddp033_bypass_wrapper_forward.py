@@ -102,9 +102,12 @@ class BypassWrapperForward(WrapperRule):
         if function is not None and _EVAL_FUNCTION.search(function.name.value.lower()):
             return False
         loop = innermost(ancestors, cst.For, cst.While)
+        # `model.module(x).sum().backward()`: one statement, the backward runs last.
         return any(
             innermost(backward.ancestors, cst.For, cst.While) is loop
-            and may_follow(forward.place, backward)
+            and (
+                may_follow(forward.place, backward) or backward.statement is forward.place.statement
+            )
             for backward in self.backwards
         )
 
