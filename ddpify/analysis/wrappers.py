@@ -72,6 +72,16 @@ DDP_ATTRIBUTES = frozenset(
     }
 )  # fmt: skip
 
+# Library helpers that read a model's own attributes through `hasattr` (timm's optimizer
+# factories ask for `model.no_weight_decay()`): handed the DDP wrapper, they silently
+# miss them. Name -> (keyword, position) of the model argument.
+READS_MODEL_ATTRIBUTES = {
+    "timm.optim.create_optimizer": ("model", 1),
+    "timm.optim.optim_factory.create_optimizer": ("model", 1),
+    "timm.optim.create_optimizer_v2": ("model_or_params", 0),
+    "timm.optim.optim_factory.create_optimizer_v2": ("model_or_params", 0),
+}
+
 # Methods of nn.Module that return the module itself.
 MODULE_METHODS = frozenset(
     {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "train", "eval", "type"}
@@ -184,7 +194,11 @@ class WrapperFacts:
             if not isinstance(scope, (cst.FunctionDef, cst.Module)):
                 continue
             found = self.bindings.get((id(scope), name), [])
-            found = [b for b in found if id(b.place.node) not in enclosing]
+            found = [
+                b
+                for b in found
+                if id(b.place.node) not in enclosing and not exclusive(b.place, place)
+            ]
             before = [b for b in found if b.place.seq < place.seq]
             if isinstance(scope, cst.Module):
                 if any(isinstance(a, cst.FunctionDef) for a in ancestors):
@@ -280,20 +294,37 @@ def is_main_block(node: cst.CSTNode) -> bool:
     )
 
 
+def exclusive(first: Place, second: Place) -> bool:
+    """Whether the two places sit in different branches of one `if`/`try`/`match`, so
+    that no run passes through both."""
+    for index, (a, b) in enumerate(zip(first.ancestors, second.ancestors)):
+        if a is not b:
+            return False
+        if isinstance(a, _BRANCHING) and not is_main_block(a):
+            after = index + 1
+            if after < len(first.ancestors) and after < len(second.ancestors):
+                if first.ancestors[after] is not second.ancestors[after]:
+                    return True
+    return False
+
+
+def conditions_between(binding: Place, place: Place) -> list[cst.BaseExpression]:
+    """Tests of the `if`s around `binding` that do not also hold `place`: the conditions
+    under which the binding ran while `place` runs either way."""
+    shared = {id(node) for node in place.ancestors}
+    return [
+        node.test
+        for node in binding.ancestors
+        if isinstance(node, (cst.If, cst.IfExp)) and id(node) not in shared
+    ]
+
+
 def may_follow(first: Place, second: Place) -> bool:
     """Whether `second` can run after `first`: later in the file, in the same scope, and
     not in another branch of an `if`/`try`/`match` that holds `first`."""
     if second.seq <= first.seq or first.scope is not second.scope:
         return False
-    for a, b in zip(first.ancestors, second.ancestors):
-        if a is not b:
-            return True  # they part in a statement list: one runs after the other
-        if isinstance(a, _BRANCHING) and not is_main_block(a):
-            index = first.ancestors.index(a) + 1
-            if index < len(first.ancestors) and index < len(second.ancestors):
-                if first.ancestors[index] is not second.ancestors[index]:
-                    return False  # `if c: wrap` ... `else: use`
-    return True
+    return not exclusive(first, second)  # `if c: wrap` ... `else: use`
 
 
 def sibling_after(first: cst.CSTNode, parent: cst.CSTNode) -> cst.CSTNode | None:

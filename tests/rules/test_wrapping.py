@@ -275,13 +275,36 @@ def test_wrapper_attribute_access_is_an_error():
         "m = DDP(net)\nm.tag = 1\nprint(m.tag)\n",
         "m = DDP(net)\nif hasattr(m, 'module'):\n    pass\nelse:\n    m.generate(x)\n",
         "m = DDP(net)\ntry:\n    m.generate(x)\nexcept AttributeError:\n    pass\n",
-        "m = DDP(net) if dist.is_initialized() else net\nm.generate(x)\n",
-        "if ddp:\n    m = DDP(net)\nm.generate(x)\n",
         "net.generate(x)\nm = DDP(net)\n",
         "m = nn.DataParallel(net)\nm.generate(x)\n",
     ],
 )
 def test_wrapper_attribute_access_quiet(body):
+    assert found(body, "DDP032") == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "m = DDP(net) if dist.is_initialized() else net\nm.generate(x)\n",
+        "if use_cuda and torch.cuda.device_count() > 1:\n    m = DDP(net)\nm.generate(x)\n",
+    ],
+)
+def test_conditional_wrap_is_reported_without_a_fix(body):
+    """On the distributed path the access raises; `.module` would break the other path."""
+    (d,) = lint(HEADER + body, ["DDP032"])
+    assert d.fix is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "if args.ddp:\n    m = DDP(net)\nif not args.ddp:\n    m.generate(x)\n",
+        "if ddp:\n    m = DDP(net)\nif world_size == 1:\n    m.generate(x)\n",
+        "if ddp:\n    m = DDP(net)\nelse:\n    m.generate(x)\n",
+    ],
+)
+def test_conditional_wrap_quiet_where_the_access_may_be_on_the_other_path(body):
     assert found(body, "DDP032") == []
 
 

@@ -187,3 +187,15 @@ def test_compile_line_after_the_wrap_swaps_with_it():
 def test_in_place_compile_of_the_wrapper_has_no_fix():
     source = src("model = DDP(model)\nmodel.compile()\n")
     assert not fix_offered(source, "DDP035")
+
+
+def test_optimizer_factory_gets_the_inner_model():
+    before = src(
+        "from timm.optim import create_optimizer_v2\n"
+        "model = DDP(net, device_ids=[local_rank])\n"
+        "opt = create_optimizer_v2(model, opt='adamw', weight_decay=0.05)\n"
+    )
+    fixed = fix_cleanly(before, "DDP032")
+    assert fixed.endswith(
+        "opt = create_optimizer_v2(model.module, opt='adamw', weight_decay=0.05)\n"
+    )

@@ -1,15 +1,23 @@
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis.names import dotted
-from ddpify.analysis.wrappers import DDP_ATTRIBUTES, Place
+from ddpify.analysis.names import dotted, find_arg, identifiers
+from ddpify.analysis.wrappers import (
+    DDP_ATTRIBUTES,
+    READS_MODEL_ATTRIBUTES,
+    Place,
+    conditions_between,
+)
 from ddpify.diagnostics import FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.wrapping._common import WrapperRule
 
+# Names of tests that choose between the distributed and the single-process path.
+_DISTRIBUTED = re.compile(r"distributed|ddp|world_size|rank|is_initialized|parallel", re.I)
 # Tests under which an attribute read is deliberate: `hasattr(model, "module")` ...
 _INTROSPECTION = frozenset({"hasattr", "getattr", "isinstance", "type"})
 
@@ -36,6 +44,8 @@ class WrapperAttributeAccess(WrapperRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.accesses: list[_Access] = []
+        # Wrappers handed to a library helper that reads the model's attributes.
+        self.handed: list[tuple[cst.Call, cst.BaseExpression, Place]] = []
         # `ddp_model.x = ...` sets x on the wrapper itself: reading it back is fine.
         self.set_on_wrapper: set[tuple[str, str]] = set()
 
@@ -46,6 +56,13 @@ class WrapperAttributeAccess(WrapperRule):
         if dotted(node.value) is None:
             return
         self.accesses.append(_Access(node, self.place()))
+
+    def on_call(self, node: cst.Call) -> None:
+        helper = READS_MODEL_ATTRIBUTES.get(self.context.qualify(node.func) or "")
+        if helper is not None:
+            arg = find_arg(node, *helper)
+            if arg is not None and dotted(arg.value) is not None:
+                self.handed.append((node, arg.value, self.place()))
 
     def on_assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -59,6 +76,25 @@ class WrapperAttributeAccess(WrapperRule):
             return
         for access in self.accesses:
             self._check(access)
+        for call, model, place in self.handed:
+            self._check_handed(call, model, place)
+
+    def _check_handed(self, call: cst.Call, model: cst.BaseExpression, place: Place) -> None:
+        if self.wrappers.wrap_held(model, place) is None:
+            return
+        every_path = self.wrappers.held_on_every_path(model, place)
+        name = dotted(model)
+        if not every_path and self._other_path_possible(name, place):  # type: ignore[arg-type]
+            return
+        helper = self.shown(call.func)
+        unwrapped = cst.Attribute(value=model, attr=cst.Name("module"))
+        fix = NodeFix(f"Pass `{name}.module`", ((model, unwrapped),)) if every_path else None
+        message = (
+            f"`{helper}` reads the model's own attributes (`no_weight_decay()`) through "
+            f"`hasattr`, which the DDP wrapper `{name}` hides, so they are silently ignored; "
+            + (f"pass `{name}.module`" if every_path else "pass the unwrapped model")
+        )
+        self.report(model, message, severity=Severity.WARNING, fix=fix)
 
     def _check(self, access: _Access) -> None:
         owner = access.node.value
@@ -68,18 +104,47 @@ class WrapperAttributeAccess(WrapperRule):
         if self._assigned_to(access) or _introspected(access.place):
             return
         wrap = self.wrappers.wrap_held(owner, access.place)
-        if wrap is None or not self.wrappers.held_on_every_path(owner, access.place):
+        if wrap is None:
+            return
+        every_path = self.wrappers.held_on_every_path(owner, access.place)
+        if not every_path and self._other_path_possible(name, access.place):
             return
         attr = access.node.attr.value
         unwrapped = access.node.with_changes(
             value=cst.Attribute(value=owner, attr=cst.Name("module"))
         )
-        fix = NodeFix(f"Use `{name}.module.{attr}`", ((access.node, unwrapped),))
+        # Where the name holds the raw model on some paths, `.module` would break those.
+        fix = (
+            NodeFix(f"Use `{name}.module.{attr}`", ((access.node, unwrapped),))
+            if every_path
+            else None
+        )
+        if every_path:
+            instead = f"use `{name}.module.{attr}`"
+        else:
+            instead = f"read it from `{name}.module` on the path that wraps it"
         message = (
             f"`{name}.{attr}` is not an attribute of the DDP wrapper and raises "
-            f"AttributeError; use `{name}.module.{attr}`"
+            f"AttributeError; {instead}"
         )
         self.report(access.node, message, fix=fix)
+
+    def _other_path_possible(self, name: str, place: Place) -> bool:
+        """For a wrap made under a condition (`if args.distributed: model = DDP(model)`),
+        whether the access may be on the path without it: under a test of its own that
+        names what the wrap's condition names, or anything distributed."""
+        binding = self.wrappers.binding_of(name, place)
+        if binding is None:
+            return True
+        conditions = conditions_between(binding.place, place)
+        if isinstance(binding.value, cst.IfExp):
+            conditions.append(binding.value.test)
+        condition_names = {n for test in conditions for n in identifiers(test)}
+        for test in conditions_between(place, binding.place):
+            names = set(identifiers(test))
+            if names & condition_names or any(_DISTRIBUTED.search(n) for n in names):
+                return True
+        return False
 
     @staticmethod
     def _assigned_to(access: _Access) -> bool:
