@@ -30,7 +30,7 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import ImportMap, dotted, find_arg
-from ddpify.walk import walk
+from ddpify.walk import children, walk
 
 if TYPE_CHECKING:
     from ddpify.engine import Context
@@ -136,6 +136,8 @@ class WrapperFacts:
     imports: ImportMap
     wraps: list[Wrap] = field(default_factory=list)
     seq: int = 0
+    # The qualified callee of the call visited last: rules fed the same call reuse it.
+    callee: str | None = None
     # (id of the binding scope, name) -> assignments, in order.
     bindings: dict[tuple[int, str], list[Binding]] = field(
         default_factory=lambda: defaultdict(list)
@@ -153,7 +155,8 @@ class WrapperFacts:
         self._last = node
         self.seq += 1
         if isinstance(node, cst.Call):
-            if self.imports.qualify(node.func) == DDP:
+            self.callee = self.imports.qualify(node.func)
+            if self.callee == DDP:
                 self._record_wrap(node, tuple(ancestors))
         elif isinstance(node, cst.Assign):
             for target in node.targets:
@@ -349,7 +352,7 @@ def names_rooted_at(expr: cst.CSTNode) -> Iterator[str]:
             for end in range(1, len(parts) + 1):
                 yield ".".join(parts[:end])
             continue
-        stack.extend(node.children)
+        stack.extend(children(node))
 
 
 def _module_name(expr: cst.BaseExpression) -> str | None:

@@ -9,6 +9,7 @@ from ddpify.analysis.names import dotted
 from ddpify.analysis.wrappers import Place, innermost
 from ddpify.diagnostics import Severity
 from ddpify.rules.devices._common import DistributedRule
+from ddpify.walk import children
 
 # Calls that seed a global random stream with their first argument.
 SEED_CALLS = frozenset(
@@ -159,5 +160,5 @@ def _dotted_names(expr: cst.CSTNode) -> list[str]:
             continue
         if isinstance(node, cst.SimpleString):
             found.append(node.raw_value)
-        stack.extend(node.children)
+        stack.extend(children(node))
     return found

@@ -17,6 +17,7 @@ from ddpify.analysis.wrappers import (
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.wrapping._common import WrapperRule
+from ddpify.walk import children
 
 _CASTS = frozenset({"half", "float", "double", "bfloat16"})
 _MOVES = frozenset({"to", "cuda", "cpu"})
@@ -234,7 +235,7 @@ def _iterated_models(iterable: cst.BaseExpression) -> set[str]:
             receiver = dotted(node.func.value)  # type: ignore[attr-defined]
             if receiver is not None:
                 found.add(receiver)
-        stack.extend(node.children)
+        stack.extend(children(node))
     return found
 
 

@@ -15,6 +15,7 @@ from ddpify.analysis.wrappers import (
 from ddpify.diagnostics import FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.wrapping._common import WrapperRule
+from ddpify.walk import children
 
 # Names of tests that choose between the distributed and the single-process path.
 _DISTRIBUTED = re.compile(r"distributed|ddp|world_size|rank|is_initialized|parallel", re.I)
@@ -58,7 +59,7 @@ class WrapperAttributeAccess(WrapperRule):
         self.accesses.append(_Access(node, self.place()))
 
     def on_call(self, node: cst.Call) -> None:
-        helper = READS_MODEL_ATTRIBUTES.get(self.context.qualify(node.func) or "")
+        helper = READS_MODEL_ATTRIBUTES.get(self.wrappers.callee or "")
         if helper is not None:
             arg = find_arg(node, *helper)
             if arg is not None and dotted(arg.value) is not None:
@@ -74,8 +75,10 @@ class WrapperAttributeAccess(WrapperRule):
     def leave_Module(self, node: cst.Module) -> None:
         if not self.speaks():
             return
+        targets = {wrap.target for wrap in self.wrappers.wraps}
         for access in self.accesses:
-            self._check(access)
+            if dotted(access.node.value) in targets:
+                self._check(access)
         for call, model, place in self.handed:
             self._check_handed(call, model, place)
 
@@ -173,5 +176,5 @@ def _introspects(test: cst.BaseExpression) -> bool:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
             if node.func.value in _INTROSPECTION:
                 return True
-        stack.extend(node.children)
+        stack.extend(children(node))
     return False

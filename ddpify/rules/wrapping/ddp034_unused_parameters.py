@@ -7,6 +7,7 @@ from ddpify.analysis.names import dotted, find_arg
 from ddpify.analysis.wrappers import Wrap
 from ddpify.diagnostics import Severity
 from ddpify.rules.wrapping._common import WrapperRule
+from ddpify.walk import children
 
 # `torch.nn` layers that own parameters (activations, pooling, dropout own none).
 PARAMETER_LAYERS = frozenset(
@@ -155,7 +156,7 @@ def _self_attribute_uses(cls: cst.ClassDef, assigned: set[int]) -> set[str] | No
                 and _is_self(node.args[0].value)
             ):
                 return None
-        stack.extend(node.children)
+        stack.extend(children(node))
     return used
 
 

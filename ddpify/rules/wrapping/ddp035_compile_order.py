@@ -27,7 +27,7 @@ class CompileOrder(WrapperRule):
         self.compiles: list[tuple[cst.Call, cst.BaseExpression, Place]] = []
 
     def on_call(self, node: cst.Call) -> None:
-        if self.context.qualify(node.func) == COMPILE:
+        if self.wrappers.callee == COMPILE:
             arg = find_arg(node, "model", 0)
             if arg is not None:
                 self.compiles.append((node, arg.value, self.place()))
