@@ -9,6 +9,7 @@ from ddpify.rules import (
     dataparallel,
     devices,
     process_group,
+    randomness,
     rank_zero,
     training_loop,
     wrapping,
@@ -23,6 +24,7 @@ ALL_RULES: list[type[Rule]] = sorted(
         *wrapping.RULES,  # DDP03x
         *training_loop.RULES,  # DDP04x
         *rank_zero.RULES,  # DDP05x
+        *randomness.RULES,  # DDP06x
         *dataparallel.RULES,  # DDP07x
     ],
     key=lambda rule: rule.CODE,

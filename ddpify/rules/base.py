@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from ddpify.engine import Context
 
 
+_HANDLERS: dict[tuple[type, str], dict[str, str]] = {}
+
+
 @dataclass(frozen=True)
 class NodeFix:
     """Replace nodes of the parsed tree; the engine turns this into text edits."""
@@ -65,12 +68,17 @@ class Rule:
 
     @classmethod
     def handlers(cls, prefix: str) -> dict[str, str]:
-        """Node type name -> method name, for every `visit_X` (or `leave_X`) defined."""
-        return {
-            attr[len(prefix) :]: attr
-            for attr in dir(cls)
-            if attr.startswith(prefix) and callable(getattr(cls, attr))
-        }
+        """Node type name -> method name, for every `visit_X` (or `leave_X`) defined.
+        Computed once per class: `dir()` is slow and the engine asks for every file."""
+        key = (cls, prefix)
+        found = _HANDLERS.get(key)
+        if found is None:
+            found = _HANDLERS[key] = {
+                attr[len(prefix) :]: attr
+                for attr in dir(cls)
+                if attr.startswith(prefix) and callable(getattr(cls, attr))
+            }
+        return found
 
     def bound_handlers(self, prefix: str) -> dict[str, Callable[[cst.CSTNode], None]]:
         return {node: getattr(self, attr) for node, attr in self.handlers(prefix).items()}

@@ -1,9 +1,18 @@
-"""DDP011 and DDP030 decisions that the fixture lines do not show: order and severity."""
+"""Wrapping decisions that the fixture lines do not show: DDP011 and DDP030 order and
+severity; the wrapper facts (ddpify.analysis.wrappers); DDP031-DDP035, each finding next
+to the reasons the same rule stays quiet on code that looks alike."""
 
 from __future__ import annotations
 
+import textwrap
+
+import libcst as cst
+import pytest
+
+from ddpify.analysis.wrappers import Place, collect, may_follow
 from ddpify.diagnostics import Severity
-from tests.helpers import lint
+from ddpify.walk import walk
+from tests.helpers import codes, lint
 
 HEAD = (
     "import os\n"
@@ -58,3 +67,356 @@ def test_conversion_in_an_earlier_function_is_not_after_the_wrap():
         "    return nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
     )
     assert _found(body, "DDP030") == []
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+HEADER = src(
+    """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    """
+)
+
+
+def found(body: str, code: str) -> list[str]:
+    """`line:col message` of `code`'s findings in HEADER + body (lines count from the body)."""
+    offset = HEADER.count("\n")
+    return [
+        f"{d.location.row - offset}: {d.message}"
+        for d in lint(HEADER + src(body), [code])
+        if d.code == code
+    ]
+
+
+# -- the wrapper facts --------------------------------------------------------------------
+
+
+def facts_of(text: str):
+    module = cst.parse_module(src(text))
+    return collect(module), module
+
+
+def place_of(facts, module: cst.Module, predicate) -> Place:
+    """The place of the first call whose code satisfies `predicate`."""
+    places: list[Place] = []
+    ancestors: list[cst.CSTNode] = []
+    seq = 0
+
+    def enter(node):
+        nonlocal seq
+        ancestors.append(node)
+        seq += 1
+        if isinstance(node, cst.Call) and predicate(module.code_for_node(node)) and not places:
+            # Sequence numbers of `collect` count the same pre-order walk.
+            places.append(Place(tuple(ancestors), _seq_of(facts, node, seq)))
+
+    walk(module, enter, lambda node: ancestors.pop())
+    return places[0]
+
+
+def _seq_of(facts, node, fallback):
+    for wrap in facts.wraps:
+        if wrap.call is node:
+            return wrap.place.seq
+    return fallback
+
+
+def test_wraps_know_their_target_and_inner_module():
+    facts, _ = facts_of(
+        """
+        import torch.nn.parallel as par
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model.to(dev), device_ids=[0])
+        ddp = par.DistributedDataParallel(module=net.cuda().half())
+        self.model = DDP(Net().cuda()).to(dev)
+        maybe = DDP(m) if distributed else m
+        DDP(x)
+        """
+    )
+    assert [(w.target, w.inner) for w in facts.wraps] == [
+        ("model", "model"),
+        ("ddp", "net"),
+        ("self.model", None),
+        ("maybe", "m"),
+        (None, "x"),
+    ]
+
+
+def test_wrap_held_follows_scopes_and_rebinding():
+    text = """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def train(model):
+            model = DDP(model)
+            model.step_a()
+            model = model.module
+            model.step_b()
+        def other(model):
+            model.step_c()
+        """
+    facts, module = facts_of(text)
+    wrap = facts.wraps[0]
+    for call, expected in (("step_a", wrap), ("step_b", None), ("step_c", None)):
+        place = place_of(facts, module, lambda code, c=call: code.endswith(f"{c}()"))
+        receiver = place.node.func.value
+        assert facts.wrap_held(receiver, place) is expected, call
+
+
+def test_self_attribute_wrapped_in_init_holds_in_other_methods():
+    text = """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class Trainer:
+            def __init__(self, net):
+                self.model = DDP(net)
+            def step(self):
+                self.model.in_step()
+        class Lazy:
+            def wrap(self, net):
+                self.model = DDP(net)
+            def step(self):
+                self.model.in_lazy()
+        """
+    facts, module = facts_of(text)
+    in_step = place_of(facts, module, lambda code: code.endswith("in_step()"))
+    in_lazy = place_of(facts, module, lambda code: code.endswith("in_lazy()"))
+    assert facts.wrap_held(in_step.node.func.value, in_step) is facts.wraps[0]
+    # `wrap` may run before or after `step`: unknown, so no answer.
+    assert facts.wrap_held(in_lazy.node.func.value, in_lazy) is None
+
+
+def test_may_follow_and_held_on_every_path():
+    text = """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def main(args, model):
+            if args.distributed:
+                model = DDP(model)
+                model.inside()
+            else:
+                model.other_branch()
+            model.after()
+        """
+    facts, module = facts_of(text)
+    wrap = facts.wraps[0]
+    inside, other, after = (
+        place_of(facts, module, lambda code, c=c: code.endswith(f"{c}()"))
+        for c in ("inside", "other_branch", "after")
+    )
+    assert may_follow(wrap.place, inside) and may_follow(wrap.place, after)
+    assert not may_follow(wrap.place, other)
+    assert facts.held_on_every_path(inside.node.func.value, inside)
+    assert not facts.held_on_every_path(after.node.func.value, after)
+
+
+# -- DDP031 modify-after-wrap ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("m = nn.Linear(2, 2)\nm = DDP(m)\nm.half()\n", "`m.half()` changes the parameters' dtype"),
+        ("d = DDP(net)\nnet.bfloat16()\n", "`net.bfloat16()` changes the parameters' dtype"),
+        (
+            "m = DDP(m)\nfor n, p in m.module.named_parameters():\n    p.requires_grad = False\n",
+            "`p.requires_grad = False` changes which parameters need gradients",
+        ),
+        ("m = DDP(m)\nm.module.head = nn.Linear(2, 2)\n", "`m.module.head = nn.Linear(2, 2)`"),
+        ("m = nn.Linear(2, 2)\nm = DDP(m)\nm = m.cuda()\n", "`m.cuda()` moves the parameters"),
+    ],
+)
+def test_modify_after_wrap_reports(body, expected):
+    (finding,) = found(body, "DDP031")
+    assert expected in finding
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "m.half()\nm = DDP(m)\n",  # before the wrap
+        "m = nn.Linear(2, 2).cuda()\nm = DDP(m, device_ids=[0])\nm.to(0)\n",  # no-op move
+        "m = DDP(m.cuda())\nm.cuda()\n",  # moved on the way in
+        "m = DDP(m)\nm.train()\nm.eval()\nm.zero_grad()\n",
+        "m = DDP(m)\nteacher.half()\nx = x.half()\n",  # something else
+        "if ddp:\n    m = DDP(m)\nelse:\n    m.half()\n",  # the other branch
+        "d = DDP(net)\nnet = nn.Linear(2, 2)\nnet.half()\n",  # a new model under the name
+    ],
+)
+def test_modify_after_wrap_quiet(body):
+    assert found(body, "DDP031") == []
+
+
+def test_modify_after_wrap_needs_the_same_function():
+    body = "def a(m):\n    m = DDP(m)\n    return m\ndef b(m):\n    m.half()\n"
+    assert found(body, "DDP031") == []
+
+
+# -- DDP032 wrapper-attribute-access ------------------------------------------------------
+
+
+def test_wrapper_attribute_access_is_an_error():
+    (d,) = [d for d in lint(HEADER + "m = DDP(net)\nm.generate(x)\n", ["DDP032"])]
+    assert d.severity is Severity.ERROR
+    assert d.message == (
+        "`m.generate` is not an attribute of the DDP wrapper and raises AttributeError; "
+        "use `m.module.generate`"
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "m = DDP(net)\nm.module.generate(x)\nm.parameters()\nm.no_sync()\nm.join()\n",
+        "m = DDP(net)\nm.state_dict()\nm.load_state_dict(s)\nm.device_ids\nm.training\n",
+        "m = DDP(net)\nm._private\n",
+        "m = DDP(net)\nm.tag = 1\nprint(m.tag)\n",
+        "m = DDP(net)\nif hasattr(m, 'module'):\n    pass\nelse:\n    m.generate(x)\n",
+        "m = DDP(net)\ntry:\n    m.generate(x)\nexcept AttributeError:\n    pass\n",
+        "net.generate(x)\nm = DDP(net)\n",
+        "m = nn.DataParallel(net)\nm.generate(x)\n",
+    ],
+)
+def test_wrapper_attribute_access_quiet(body):
+    assert found(body, "DDP032") == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "m = DDP(net) if dist.is_initialized() else net\nm.generate(x)\n",
+        "if use_cuda and torch.cuda.device_count() > 1:\n    m = DDP(net)\nm.generate(x)\n",
+    ],
+)
+def test_conditional_wrap_is_reported_without_a_fix(body):
+    """On the distributed path the access raises; `.module` would break the other path."""
+    (d,) = lint(HEADER + body, ["DDP032"])
+    assert d.fix is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "if args.ddp:\n    m = DDP(net)\nif not args.ddp:\n    m.generate(x)\n",
+        "if ddp:\n    m = DDP(net)\nif world_size == 1:\n    m.generate(x)\n",
+        "if ddp:\n    m = DDP(net)\nelse:\n    m.generate(x)\n",
+    ],
+)
+def test_conditional_wrap_quiet_where_the_access_may_be_on_the_other_path(body):
+    assert found(body, "DDP032") == []
+
+
+def test_wrapper_attribute_access_silent_without_distribution():
+    text = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+    # DDP itself makes a script distributed; a framework import makes it someone else's.
+    assert codes(text + "m = DDP(net)\nm.generate(x)\n", ["DDP032"]) == ["DDP032"]
+    framework = text + "import accelerate\nm = DDP(net)\nm.generate(x)\n"
+    assert codes(framework, ["DDP032"]) == []
+
+
+# -- DDP033 bypass-wrapper-forward -------------------------------------------------------
+
+
+LOOP = "m = DDP(net)\nfor x in data:\n    loss = {call}\n    loss.backward()\n"
+
+
+@pytest.mark.parametrize("call", ["m.module(x)", "m.forward(x)", "net(x)"])
+def test_bypass_reports_each_spelling(call):
+    body = (
+        LOOP.format(call=call)
+        if call != "net(x)"
+        else LOOP.replace("m = ", "d = ").format(call=call)
+    )
+    (finding,) = found(body, "DDP033")
+    assert f"`{call.split('(')[0]}(...)`" in finding
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        LOOP.format(call="m(x)"),
+        "m = DDP(net)\nfor x in data:\n    with torch.no_grad():\n        y = m.module(x)\n"
+        "    loss.backward()\n",
+        "m = DDP(net)\nfor x in data:\n    if dist.get_rank() == 0:\n        y = m.module(x)\n"
+        "    loss.backward()\n",
+        "m = DDP(net)\ny = m.module(x0)\nfor x in data:\n    m(x).sum().backward()\n",
+        "m = DDP(net)\nfor x in data:\n    y = m.module(x)\n",  # no backward at all
+        "def validate(m, data):\n    for x in data:\n        m.module(x).sum().backward()\n",
+        "m = DDP(net)\n@torch.no_grad()\ndef ema(e):\n    for x in d:\n        m.module(x)\n"
+        "        x.backward()\n",
+        "net(x).sum().backward()\nd = DDP(net)\n",  # the raw model before its wrap
+    ],
+)
+def test_bypass_quiet(body):
+    assert found(body, "DDP033") == []
+
+
+# -- DDP034 unused-parameters -------------------------------------------------------------
+
+MODEL = """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.b = nn.Linear(2, 2)
+        self.drop = nn.Dropout(0.1)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.a(x) * self.scale
+"""
+
+
+def test_unused_layer_reported_at_the_wrap_as_info():
+    (d,) = lint(HEADER + src(MODEL) + "model = Net()\nmodel = DDP(model)\n", ["DDP034"])
+    assert d.severity is Severity.INFO
+    assert d.message.startswith("`Net.b` is built in `__init__` but never used by the model")
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "model = DDP(Net(), find_unused_parameters=True)\n",
+        "model = DDP(Net(), find_unused_parameters=args.unused)\n",
+        "model = DDP(build())\n",
+        "model = Net()\n",
+    ],
+)
+def test_unused_layer_quiet(tail):
+    assert found(src(MODEL) + tail, "DDP034") == []
+
+
+def test_layer_used_in_another_method_counts_as_used():
+    model = src(MODEL) + "\n    def aux_loss(self, x):\n        return self.b(x).sum()\n"
+    assert found(model + "model = DDP(Net())\n", "DDP034") == []
+
+
+# -- DDP035 compile-order -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "m = DDP(m)\nm = torch.compile(m)\n",
+        "m = torch.compile(DDP(m), mode='max-autotune')\n",
+        "m = DDP(m)\nm.compile()\n",
+    ],
+)
+def test_compile_of_the_wrapper_is_info(body):
+    (d,) = lint(HEADER + body, ["DDP035"])
+    assert d.severity is Severity.INFO
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "m = torch.compile(m)\nm = DDP(m)\n",
+        "m.compile()\nm = DDP(m)\n",
+        "m = DDP(m)\nf = torch.compile(m.module)\n",
+        "m = DDP(m)\nf = torch.compile(loss_fn)\n",
+    ],
+)
+def test_compile_order_quiet(body):
+    assert found(body, "DDP035") == []

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis.guards import rank_zero_scope
+from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.wrappers import Place, Wrap, innermost, may_follow
+from ddpify.diagnostics import FixAvailability, Severity
+from ddpify.rules.base import NodeFix
+from ddpify.rules.wrapping._common import WrapperRule
+
+# Contexts in which no gradient is recorded: a forward there is evaluation.
+NO_GRAD = frozenset(
+    {
+        "torch.no_grad",
+        "torch.inference_mode",
+        "torch.autograd.no_grad",
+        "torch.autograd.grad_mode.no_grad",
+        "torch.autograd.inference_mode",
+        "torch.set_grad_enabled",
+    }
+)
+# Functions whose name says they evaluate or sample rather than train.
+_EVAL_FUNCTION = re.compile(r"(eval|valid|test|infer|predict|generate|sample|visuali|plot|log)")
+
+
+@dataclass(frozen=True)
+class _Forward:
+    call: cst.Call
+    place: Place
+    receiver: cst.BaseExpression | None  # `model` of `model.module(x)` / `model.forward(x)`
+
+
+class BypassWrapperForward(WrapperRule):
+    """`model.module(x)` or `model.forward(x)` in a training step skips DDP's forward,
+    so the backward never all-reduces the gradients and the replicas drift apart."""
+
+    CODE = "DDP033"
+    NAME = "bypass-wrapper-forward"
+    SEVERITY = Severity.ERROR
+    MESSAGE = (
+        "`model.module(x)` bypasses the DDP wrapper, so the backward that follows does not "
+        "average the gradients across ranks; call `model(x)`"
+    )
+    FIX = FixAvailability.SOMETIMES
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.forwards: list[_Forward] = []
+        self.backwards: list[Place] = []
+
+    def on_call(self, node: cst.Call) -> None:
+        func = node.func
+        if method_name(node) == "backward":
+            self.backwards.append(self.place())
+        elif isinstance(func, cst.Attribute) and func.attr.value in {"module", "forward"}:
+            if dotted(func.value) is not None:
+                self.forwards.append(_Forward(node, self.place(), func.value))
+        elif dotted(func) is not None and any(
+            wrap.inner == dotted(func) for wrap in self.wrappers.wraps
+        ):
+            # Only a name wrapped earlier can be the raw model called after its wrap.
+            self.forwards.append(_Forward(node, self.place(), None))
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.speaks() or not self.backwards:
+            return
+        for forward in self.forwards:
+            wrap = self._bypassed_wrap(forward)
+            if wrap is None or not self._in_training_step(forward):
+                continue
+            self._report(forward, wrap)
+
+    def _bypassed_wrap(self, forward: _Forward) -> Wrap | None:
+        if forward.receiver is not None:
+            return self.wrappers.wrap_held(forward.receiver, forward.place)
+        # `ddp = DDP(model)` ... `model(x)`: the raw model, called after it was wrapped.
+        name = dotted(forward.call.func)
+        if name is None:
+            return None
+        for wrap in self.wrappers.wraps:
+            if wrap.inner != name or wrap.target in {None, name}:
+                continue
+            if not may_follow(wrap.place, forward.place):
+                continue
+            binding = self.wrappers.binding_of(name, forward.place)
+            if binding is not None and binding.place.seq > wrap.place.seq:
+                continue  # rebound after the wrap
+            return wrap
+        return None
+
+    def _in_training_step(self, forward: _Forward) -> bool:
+        """Gradients are recorded there, rank 0 is not alone there (DDP053's case), and a
+        backward follows in the same loop (or the same loop-free function)."""
+        ancestors = forward.place.ancestors
+        if rank_zero_scope(ancestors) is not None or self._no_grad(ancestors):
+            return False
+        function = innermost(ancestors, cst.FunctionDef)
+        if function is not None and _EVAL_FUNCTION.search(function.name.value.lower()):
+            return False
+        loop = innermost(ancestors, cst.For, cst.While)
+        # `model.module(x).sum().backward()`: one statement, the backward runs last.
+        return any(
+            innermost(backward.ancestors, cst.For, cst.While) is loop
+            and (
+                may_follow(forward.place, backward) or backward.statement is forward.place.statement
+            )
+            for backward in self.backwards
+        )
+
+    def _no_grad(self, ancestors) -> bool:
+        for node in ancestors:
+            if isinstance(node, cst.With):
+                for item in node.items:
+                    call = item.item
+                    func = call.func if isinstance(call, cst.Call) else call
+                    if self.context.qualify(func) in NO_GRAD:  # type: ignore[arg-type]
+                        return True
+            elif isinstance(node, cst.FunctionDef):
+                for decorator in node.decorators:
+                    expr = decorator.decorator
+                    func = expr.func if isinstance(expr, cst.Call) else expr
+                    if self.context.qualify(func) in NO_GRAD:
+                        return True
+        return False
+
+    def _report(self, forward: _Forward, wrap: Wrap) -> None:
+        call = forward.call
+        shown = self.shown(call.func)
+        if forward.receiver is not None:
+            wrapper: cst.BaseExpression = forward.receiver
+            how = f"bypasses the DDP wrapper `{self.shown(wrapper)}`"
+        else:
+            wrapper = cst.parse_expression(wrap.target)  # type: ignore[arg-type]
+            how = f"calls the model that `{wrap.target}` wraps, bypassing DDP"
+        target = dotted(wrapper) or ""
+        message = (
+            f"`{shown}(...)` {how}, so the backward that follows does not average the "
+            f"gradients across ranks and the replicas drift apart; call `{target}(...)`"
+        )
+        fix = None
+        if self.wrappers.held_on_every_path(wrapper, forward.place) and (
+            self.wrappers.wrap_held(wrapper, forward.place) is wrap
+        ):
+            fix = NodeFix(f"Call `{target}(...)`", ((call.func, wrapper),))
+        self.report(call, message, fix=fix)
