@@ -12,14 +12,16 @@ checked with `ddpify check --select ALL --isolated --no-cache` in one process.
 Scores (a measurement: it always exits 0):
 
 - **recall**: the expected code is reported on the "before" file (any severity).
-- **fix recognition**, over the rows that were found: the "after" file has FEWER findings
-  with the expected code than the "before" file. The count is over the whole file, not
-  the edited lines, because several rules report away from the line a fix touches
-  (DDP022 at the sampler while the fix adds `set_epoch` in the loop, DDP002 at the init
-  while the fix adds a destroy at the end). A file that keeps other instances of the same
-  pitfall (the fix repaired one of several `torch.load` calls) still counts as
-  recognised when its finding went away. "clean after" (no finding with the code at all
-  on "after") is reported beside it.
+- **fix recognition**, over the rows that were found: at least one finding with the
+  expected code on "before" has no counterpart on "after". Lines are mapped through the
+  diff (difflib over the two files): a finding on an unchanged line persists when "after"
+  has one with the same code on the mapped line; a finding on a changed line persists
+  when "after" has one with the same code anywhere in the lines that replaced it. So a
+  fix counts when the finding it addressed is gone, even if the file keeps another
+  instance of the pitfall elsewhere (pytorch/examples added `set_device` after the init,
+  a second DDP010 it fixed in a later commit) — and a fix that only moves the finding
+  to the rewritten line does not count. The line-independent view is reported beside it:
+  "fewer" (fewer findings with the code on "after") and "clean after" (none at all).
 
 Rows whose mirror is missing are listed and skipped; with no mirror at all it says so
 and exits 0. Nothing fetched is ever written inside the project.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
 import subprocess
 import sys
@@ -54,6 +57,7 @@ class Row:
     link: str
     found_before: int = 0
     found_after: int = 0
+    gone: int = 0  # findings on "before" with no counterpart on "after"
     error: str = ""
     others_before: list[str] = field(default_factory=list)
 
@@ -63,6 +67,10 @@ class Row:
 
     @property
     def recognised(self) -> bool:
+        return self.detected and self.gone > 0
+
+    @property
+    def fewer(self) -> bool:
         return self.detected and self.found_after < self.found_before
 
     @property
@@ -118,16 +126,42 @@ def run_check(out: Path) -> list[dict]:
     return json.loads(done.stdout or "[]")
 
 
+def line_map(before: list[str], after: list[str]) -> dict[int, range]:
+    """1-based line of "before" -> the lines of "after" it became (one for an unchanged line,
+    the whole replacement for a changed one, empty for a deleted one)."""
+    mapping: dict[int, range] = {}
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for i in range(i1, i2):
+            mapping[i + 1] = (
+                range(j1 + i - i1 + 1, j1 + i - i1 + 2)
+                if tag == "equal"
+                else (range(j1 + 1, j2 + 1))
+            )
+    return mapping
+
+
+def count_gone(before_rows: list[int], after_rows: list[int], mapping: dict[int, range]) -> int:
+    return sum(1 for row in before_rows if not any(r in mapping.get(row, ()) for r in after_rows))
+
+
 def score(rows: list[Row], findings: list[dict], out: Path) -> None:
-    by_file: dict[tuple[int, str], list[str]] = defaultdict(list)
+    by_file: dict[tuple[int, str], list[tuple[str, int]]] = defaultdict(list)
     for item in findings:
         rel = Path(item["filename"]).resolve().relative_to(out.resolve())
-        by_file[(int(rel.parts[0]), rel.parts[1])].append(item["code"])
+        by_file[(int(rel.parts[0]), rel.parts[1])].append((item["code"], item["location"]["row"]))
     for row in rows:
         before, after = by_file[(row.index, "before")], by_file[(row.index, "after")]
-        row.found_before = before.count(row.code)
-        row.found_after = after.count(row.code)
-        row.others_before = sorted(set(before) - {row.code})
+        mine_before = [line for code, line in before if code == row.code]
+        mine_after = [line for code, line in after if code == row.code]
+        row.found_before, row.found_after = len(mine_before), len(mine_after)
+        row.others_before = sorted({code for code, _ in before} - {row.code})
+        folder = out / f"{row.index:03d}"
+        texts = [
+            (folder / side / Path(row.file).name).read_text(errors="replace").splitlines()
+            for side in ("before", "after")
+        ]
+        row.gone = count_gone(mine_before, mine_after, line_map(*texts))
 
 
 def pct(part: int, whole: int) -> str:
@@ -138,11 +172,13 @@ def report(rows: list[Row], skipped: list[Row]) -> dict:
     detected = [r for r in rows if r.detected]
     recognised = [r for r in detected if r.recognised]
     clean = [r for r in detected if r.clean_after]
+    fewer = [r for r in detected if r.fewer]
     codes = sorted({r.code for r in rows})
     print(f"rows scored: {len(rows)}  repos: {len({r.repo for r in rows})}  codes: {len(codes)}")
     print(f"recall:           {len(detected)}/{len(rows)} {pct(len(detected), len(rows))}")
     rate = pct(len(recognised), len(detected))
     print(f"fix recognition:  {len(recognised)}/{len(detected)} {rate}")
+    print(f"fewer after:      {len(fewer)}/{len(detected)} {pct(len(fewer), len(detected))}")
     print(f"clean after:      {len(clean)}/{len(detected)} {pct(len(clean), len(detected))}\n")
     print("code    rows  found  recognised")
     table = {}
@@ -159,7 +195,7 @@ def report(rows: list[Row], skipped: list[Row]) -> dict:
         for r in misses:
             print(f"  #{r.index} {r.code} {r.repo}:{r.file} — {r.description}")
     if unrecognised:
-        print("\nfix not recognised (count did not drop):")
+        print("\nfix not recognised (every finding persists on after):")
         for r in unrecognised:
             print(f"  #{r.index} {r.code} {r.repo}:{r.file} {r.found_before}->{r.found_after}")
     if skipped:
@@ -170,6 +206,7 @@ def report(rows: list[Row], skipped: list[Row]) -> dict:
         "rows": len(rows),
         "detected": len(detected),
         "recognised": len(recognised),
+        "fewer_after": len(fewer),
         "clean_after": len(clean),
         "per_code": table,
         "per_row": [

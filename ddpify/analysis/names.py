@@ -25,6 +25,11 @@ CANONICAL = {
     "torch.cuda.amp.autocast_mode.autocast": "torch.cuda.amp.autocast",
     "torch.cuda.amp.grad_scaler.GradScaler": "torch.cuda.amp.GradScaler",
     "torch.nn.utils.clip_grad.clip_grad_norm_": "torch.nn.utils.clip_grad_norm_",
+    # The private module torch 2.0-2.1 exported the device mesh from.
+    "torch.distributed._tensor.device_mesh.init_device_mesh": (
+        "torch.distributed.device_mesh.init_device_mesh"
+    ),
+    "torch.distributed._tensor.init_device_mesh": "torch.distributed.device_mesh.init_device_mesh",
 }
 
 
