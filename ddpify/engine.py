@@ -118,7 +118,9 @@ def physical_lines(text: str) -> list[str]:
 
 
 def mentions_torch(text: str) -> bool:
-    return "torch" in text
+    # An argparse module that declares the launcher's `--local_rank` is part of a DDP
+    # script even when the torch code lives in another file.
+    return "torch" in text or "--local_rank" in text or "--local-rank" in text
 
 
 def parse_error(filename: str, message: str, row: int = 1, column: int = 1) -> Diagnostic:

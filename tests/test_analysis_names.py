@@ -66,3 +66,17 @@ def test_spellings_resolve_to_one_canonical_name(source, expr, expected):
 )
 def test_unresolvable_names_stay_unknown(source, expr):
     assert qualify(source, expr) is None
+
+
+def test_a_star_import_may_re_export_torch_and_nn_only():
+    source = "from utils import *"
+    assert qualify(source, "nn.DataParallel") == "torch.nn.parallel.DataParallel"
+    assert qualify(source, "torch.load") == "torch.load"
+    assert qualify(source, "dist.barrier") is None
+    assert qualify("import os", "nn.DataParallel") is None
+
+
+def test_the_private_device_mesh_path_is_the_public_one():
+    source = "from torch.distributed._tensor.device_mesh import init_device_mesh"
+    expected = "torch.distributed.device_mesh.init_device_mesh"
+    assert qualify(source, "init_device_mesh") == expected

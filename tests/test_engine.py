@@ -35,6 +35,13 @@ def test_files_that_never_mention_torch_are_not_parsed():
     assert result.skipped and result.diagnostics == []
 
 
+def test_an_options_module_declaring_local_rank_is_checked_without_torch():
+    source = 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--local_rank")\n'
+    result = check_source(source, "opts.py", [RULES_BY_CODE["DDP003"]])
+    assert not result.skipped
+    assert [d.code for d in result.diagnostics] == ["DDP003"]
+
+
 def test_noqa_on_the_last_line_of_a_multiline_call():
     source = "import torch\nm = torch.nn.DataParallel(\n    x\n)  # noqa: DDP070\n"
     assert check_source(source, "t.py", [RULES_BY_CODE["DDP070"]]).diagnostics == []

@@ -75,6 +75,7 @@ class ScriptModel:
         self.for_loops: list[cst.For] = []
         # Recorded string literals (launcher variables, CUDA_VISIBLE_DEVICES).
         self.strings: set[str] = set()
+        self._returns: dict[str, frozenset[str]] = {}  # memo of `returned_calls`
 
     # -- collection, driven by the engine ------------------------------------------
 
@@ -146,6 +147,24 @@ class ScriptModel:
                     found.add(target)
         return found
 
+    def returned_calls(self, function: str) -> frozenset[str]:
+        """Qualified callees whose result the module-level helper `function` returns:
+        `def wrap(m): return DDP(m, ...)`, or a local bound to such a call and returned.
+        Lets `model = wrap(model)` count as a DDP wrapper, as a local rank read through
+        a helper counts as a read. Empty for unknown names and for methods."""
+        if function not in self._returns:
+            node = self.functions.get(function)
+            self._returns[function] = (
+                frozenset(_returned_callees(node, self.imports)) if node else frozenset()
+            )
+        return self._returns[function]
+
+    def call_returns(self, call: cst.Call, callee: str) -> bool:
+        """`call` is `callee(...)` itself or a call of a local helper that returns one."""
+        if self.imports.qualify(call.func) == callee:
+            return True
+        return isinstance(call.func, cst.Name) and callee in self.returned_calls(call.func.value)
+
     def epoch_loops(self) -> list[cst.For]:
         """`for` loops over epochs: the target or the iterable names an epoch."""
         return [loop for loop in self.for_loops if _mentions_epoch(loop)]
@@ -154,3 +173,36 @@ class ScriptModel:
 def _mentions_epoch(loop: cst.For) -> bool:
     names: Iterable[str] = identifiers(loop.target) + identifiers(loop.iter)
     return any("epoch" in name.lower() for name in names)
+
+
+def _returned_callees(function: cst.FunctionDef, imports: ImportMap) -> set[str]:
+    """The qualified calls `function` returns, directly or through a local name."""
+    from ddpify.walk import walk  # the analysis package stays importable on its own
+
+    local: dict[str, list[cst.BaseExpression]] = defaultdict(list)
+    returned: list[cst.BaseExpression] = []
+
+    def enter(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            name = dotted(node.targets[0].target)
+            if name is not None:
+                local[name].append(node.value)
+        elif isinstance(node, cst.Return) and node.value is not None:
+            returned.append(node.value)
+
+    walk(function.body, enter, lambda node: None)
+    found = set()
+    for value in returned:
+        values = local.get(dotted(value) or "", [value]) if isinstance(value, cst.Name) else [value]
+        for candidate in values:
+            options = (
+                [candidate.body, candidate.orelse]
+                if isinstance(candidate, cst.IfExp)
+                else [candidate]
+            )
+            for option in options:
+                call = unwrap_call_chain(option)
+                name = imports.qualify(call.func) if call is not None else None
+                if name is not None:
+                    found.add(name)
+    return found

@@ -25,7 +25,15 @@ CANONICAL = {
     "torch.cuda.amp.autocast_mode.autocast": "torch.cuda.amp.autocast",
     "torch.cuda.amp.grad_scaler.GradScaler": "torch.cuda.amp.GradScaler",
     "torch.nn.utils.clip_grad.clip_grad_norm_": "torch.nn.utils.clip_grad_norm_",
+    # The private module torch 2.0-2.1 exported the device mesh from.
+    "torch.distributed._tensor.device_mesh.init_device_mesh": (
+        "torch.distributed.device_mesh.init_device_mesh"
+    ),
+    "torch.distributed._tensor.init_device_mesh": "torch.distributed.device_mesh.init_device_mesh",
 }
+
+
+_STAR_EXPORTED = {"torch": "torch", "nn": "torch.nn"}
 
 
 def dotted(node: cst.BaseExpression) -> str | None:
@@ -50,6 +58,7 @@ class ImportMap:
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
         self.modules: set[str] = set()
+        self.star_imports = False  # `from models import *` may bind `torch` and `nn`
 
     def add(self, node: cst.Import | cst.ImportFrom) -> None:
         if isinstance(node, cst.Import):
@@ -73,6 +82,7 @@ class ImportMap:
             return
         self.modules.add(module)
         if isinstance(node.names, cst.ImportStar):
+            self.star_imports = True
             return
         for alias in node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else None
@@ -90,6 +100,10 @@ class ImportMap:
             return None
         head, _, rest = path.partition(".")
         base = self.aliases.get(head)
+        if base is None and self.star_imports:
+            # Research code re-exports torch through `from utils import *`; only the two
+            # conventional names are trusted to mean torch there.
+            base = _STAR_EXPORTED.get(head)
         if base is None:
             return None
         full = f"{base}.{rest}" if rest else base

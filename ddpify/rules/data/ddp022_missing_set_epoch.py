@@ -62,8 +62,12 @@ def _hands_loaders_away(facts: LoaderFacts) -> bool:
 
 
 def _is_loader_like(name: str, known: set[str]) -> bool:
-    last = name.rsplit(".", 1)[-1].lower()
-    return name in known or "loader" in last or "sampler" in last
+    if name in known:
+        return True
+    last = name.rsplit(".", 1)[-1]
+    if last[:1].isupper():
+        return False  # a class such as `yaml.Loader` or `yaml.SafeLoader`, not a data loader
+    return "loader" in last.lower() or "sampler" in last.lower()
 
 
 def _only_loop_in_scope(sampler: SamplerCall, facts: LoaderFacts) -> EpochLoop | None:

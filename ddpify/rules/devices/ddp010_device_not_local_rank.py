@@ -170,6 +170,7 @@ class DeviceNotLocalRank(DistributedRule):
             )
         self._report_current_device_uses()
         self._report_late_set_device()
+        self._report_nccl_without_set_device()
 
     def _report_current_device_uses(self) -> None:
         if self.set_device_calls or self.selects_device_otherwise or not self.init_calls:
@@ -209,6 +210,29 @@ class DeviceNotLocalRank(DistributedRule):
                     "process group (or pass `device_id=`)",
                     severity=Severity.WARNING,
                 )
+
+
+    def _report_nccl_without_set_device(self) -> None:
+        """NCCL init with no device chosen at all: the model may sit on `local_rank`, but
+        NCCL's communicator and every barrier use the current device, GPU 0 on all ranks."""
+        if self.set_device_calls or self.selects_device_otherwise or self.current_device_uses:
+            return  # the bare uses above already say it, on the line that shows it
+        for init in self.init_calls:
+            if _init_needs_device_first(init.call) and _names_nccl(init.call):
+                self.report(
+                    init.call,
+                    "NCCL is initialised but `torch.cuda.set_device(local_rank)` is never "
+                    "called, so each rank's communicator and barriers start on GPU 0; call it "
+                    "before `init_process_group` (or pass `device_id=`)",
+                    severity=Severity.WARNING,
+                )
+                return
+
+
+def _names_nccl(call: cst.Call) -> bool:
+    """Only a spelled-out NCCL backend: a default backend may be a CPU run."""
+    backend = find_arg(call, "backend", 0)
+    return backend is not None and (string_value(backend.value) or "").lower() == "nccl"
 
 
 def _init_needs_device_first(call: cst.Call) -> bool:

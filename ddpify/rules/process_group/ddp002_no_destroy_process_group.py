@@ -6,7 +6,7 @@ from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.process_group._common import (
     DESTROY_CALLS,
-    INIT_PROCESS_GROUP,
+    INIT_CALLS,
     callee_name,
     is_cleanup_name,
     is_entry_script,
@@ -45,7 +45,8 @@ class NoDestroyProcessGroup(Rule):
 
     def leave_Module(self, node: cst.Module) -> None:
         model = self.context.model
-        inits = model.calls_to(INIT_PROCESS_GROUP)
+        # `init_device_mesh` creates the default group too when none exists yet.
+        inits = model.calls_to(*INIT_CALLS)
         if not inits or self.destroy_referenced or model.calls_any(*DESTROY_CALLS):
             return
         if model.framework:
@@ -54,11 +55,25 @@ class NoDestroyProcessGroup(Rule):
             return
         top_level = top_level_nodes(node)
         if any(id(call) in top_level for call in inits) or is_entry_script(node, model.functions):
-            self.report(inits[0].func)
+            self.report(inits[0].func, self._message(inits[0]))
             return
         self.report(
             inits[0].func,
-            "`init_process_group` is called in this module but `destroy_process_group` is "
-            "not; make sure the caller calls `dist.destroy_process_group()` when training ends",
+            f"`{self._init_name(inits[0])}` is called in this module but "
+            "`destroy_process_group` is not; make sure the caller calls "
+            "`dist.destroy_process_group()` when training ends",
             severity=Severity.INFO,
+        )
+
+    def _init_name(self, call: cst.Call) -> str:
+        return callee_name(call.func) or "init_process_group"
+
+    def _message(self, call: cst.Call) -> str | None:
+        """The default message names `init_process_group`; name the mesh when that is the init."""
+        name = self._init_name(call)
+        if name == "init_process_group":
+            return None
+        return (
+            f"`{name}` creates the default process group but `destroy_process_group` is "
+            "never called; call `dist.destroy_process_group()` in a `finally` when training ends"
         )

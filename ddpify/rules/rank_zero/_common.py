@@ -367,7 +367,8 @@ class RankZeroFacts:
         if isinstance(value, cst.IfExp):
             return self.wraps_ddp(value.body) or self.wraps_ddp(value.orelse)
         call = unwrap_call_chain(value)
-        return call is not None and self.context.qualify(call.func) == DDP
+        # `model = wrap_model(model)`: a helper of this file that returns `DDP(...)`.
+        return call is not None and self.context.model.call_returns(call, DDP)
 
 
 def binding_scope(name: str, ancestors: Sequence[cst.CSTNode]) -> cst.CSTNode | None:

@@ -1,0 +1,261 @@
+"""Recall and fix recognition of `ddpify check` on real DDP bug-fix commits.
+
+    python benchmarks/bench_realbugs.py [--mirrors DIR] [--out DIR] [--json] [--rows TSV]
+
+Each row of benchmarks/realbugs.tsv names one file in a public repository, the commit
+before a fix (its parent) and the fix commit, and the catalogue code of the pitfall the
+fix removes. For every row whose repository is fetched (a bare git dir at
+`<mirrors>/<owner>+<name>/repo`, the layout the `fetch` tool writes) the two versions of
+the file are extracted into a folder outside the project (a temp dir unless --out) and
+checked with `ddpify check --select ALL --isolated --no-cache` in one process.
+
+Scores (a measurement: it always exits 0):
+
+- **recall**: the expected code is reported on the "before" file (any severity).
+- **fix recognition**, over the rows that were found: at least one finding with the
+  expected code on "before" has no counterpart on "after". Lines are mapped through the
+  diff (difflib over the two files): a finding on an unchanged line persists when "after"
+  has one with the same code on the mapped line; a finding on a changed line persists
+  when "after" has one with the same code anywhere in the lines that replaced it. So a
+  fix counts when the finding it addressed is gone, even if the file keeps another
+  instance of the pitfall elsewhere (pytorch/examples added `set_device` after the init,
+  a second DDP010 it fixed in a later commit) — and a fix that only moves the finding
+  to the rewritten line does not count. The line-independent view is reported beside it:
+  "fewer" (fewer findings with the code on "after") and "clean after" (none at all).
+
+Rows whose mirror is missing are listed and skipped; with no mirror at all it says so
+and exits 0. Nothing fetched is ever written inside the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import json
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = ROOT / "benchmarks" / "realbugs.tsv"
+MIRRORS = Path("/work/.mirror")
+
+
+@dataclass
+class Row:
+    index: int
+    repo: str
+    file: str
+    before: str
+    after: str
+    code: str
+    description: str
+    link: str
+    found_before: int = 0
+    found_after: int = 0
+    gone: int = 0  # findings on "before" with no counterpart on "after"
+    error: str = ""
+    others_before: list[str] = field(default_factory=list)
+
+    @property
+    def detected(self) -> bool:
+        return self.found_before > 0
+
+    @property
+    def recognised(self) -> bool:
+        return self.detected and self.gone > 0
+
+    @property
+    def fewer(self) -> bool:
+        return self.detected and self.found_after < self.found_before
+
+    @property
+    def clean_after(self) -> bool:
+        return self.detected and self.found_after == 0
+
+
+def read_rows(path: Path) -> list[Row]:
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    reader = csv.DictReader(lines, delimiter="\t")
+    return [
+        Row(index=i, **{k: (v or "").strip() for k, v in rec.items()})
+        for i, rec in enumerate(reader, 1)
+    ]
+
+
+def git_dir(mirrors: Path, repo: str) -> Path:
+    return mirrors / repo.replace("/", "+") / "repo"
+
+
+def git_show(gdir: Path, commit: str, path: str) -> bytes | None:
+    done = subprocess.run(
+        ["git", f"--git-dir={gdir}", "show", f"{commit}:{path}"], capture_output=True, check=False
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
+def extract(rows: list[Row], mirrors: Path, out: Path) -> list[Row]:
+    """Write before/after of each row under out/<index>/; return the rows extracted."""
+    ready = []
+    for row in rows:
+        gdir = git_dir(mirrors, row.repo)
+        name = Path(row.file).name
+        for side, commit in (("before", row.before), ("after", row.after)):
+            data = git_show(gdir, commit, row.file)
+            if data is None:
+                row.error = f"cannot read {commit[:10]}:{row.file}"
+                break
+            target = out / f"{row.index:03d}" / side / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        if not row.error:
+            ready.append(row)
+    return ready
+
+
+def run_check(out: Path) -> list[dict]:
+    command = [sys.executable, "-m", "ddpify", "check", str(out), "--select", "ALL"]
+    command += ["--output-format", "json", "--no-cache", "--isolated", "--exit-zero", "-q"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+    if done.returncode != 0:
+        sys.exit(f"ddpify check failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout or "[]")
+
+
+def line_map(before: list[str], after: list[str]) -> dict[int, range]:
+    """1-based line of "before" -> the lines of "after" it became (one for an unchanged line,
+    the whole replacement for a changed one, empty for a deleted one)."""
+    mapping: dict[int, range] = {}
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for i in range(i1, i2):
+            mapping[i + 1] = (
+                range(j1 + i - i1 + 1, j1 + i - i1 + 2)
+                if tag == "equal"
+                else (range(j1 + 1, j2 + 1))
+            )
+    return mapping
+
+
+def count_gone(before_rows: list[int], after_rows: list[int], mapping: dict[int, range]) -> int:
+    return sum(1 for row in before_rows if not any(r in mapping.get(row, ()) for r in after_rows))
+
+
+def score(rows: list[Row], findings: list[dict], out: Path) -> None:
+    by_file: dict[tuple[int, str], list[tuple[str, int]]] = defaultdict(list)
+    for item in findings:
+        rel = Path(item["filename"]).resolve().relative_to(out.resolve())
+        by_file[(int(rel.parts[0]), rel.parts[1])].append((item["code"], item["location"]["row"]))
+    for row in rows:
+        before, after = by_file[(row.index, "before")], by_file[(row.index, "after")]
+        mine_before = [line for code, line in before if code == row.code]
+        mine_after = [line for code, line in after if code == row.code]
+        row.found_before, row.found_after = len(mine_before), len(mine_after)
+        row.others_before = sorted({code for code, _ in before} - {row.code})
+        folder = out / f"{row.index:03d}"
+        texts = [
+            (folder / side / Path(row.file).name).read_text(errors="replace").splitlines()
+            for side in ("before", "after")
+        ]
+        row.gone = count_gone(mine_before, mine_after, line_map(*texts))
+
+
+def pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:5.1f}%" if whole else "   n/a"
+
+
+def report(rows: list[Row], skipped: list[Row]) -> dict:
+    detected = [r for r in rows if r.detected]
+    recognised = [r for r in detected if r.recognised]
+    clean = [r for r in detected if r.clean_after]
+    fewer = [r for r in detected if r.fewer]
+    codes = sorted({r.code for r in rows})
+    print(f"rows scored: {len(rows)}  repos: {len({r.repo for r in rows})}  codes: {len(codes)}")
+    print(f"recall:           {len(detected)}/{len(rows)} {pct(len(detected), len(rows))}")
+    rate = pct(len(recognised), len(detected))
+    print(f"fix recognition:  {len(recognised)}/{len(detected)} {rate}")
+    print(f"fewer after:      {len(fewer)}/{len(detected)} {pct(len(fewer), len(detected))}")
+    print(f"clean after:      {len(clean)}/{len(detected)} {pct(len(clean), len(detected))}\n")
+    print("code    rows  found  recognised")
+    table = {}
+    for code in codes:
+        mine = [r for r in rows if r.code == code]
+        found = sum(r.detected for r in mine)
+        rec = sum(r.recognised for r in mine)
+        table[code] = {"rows": len(mine), "found": found, "recognised": rec}
+        print(f"{code}  {len(mine):5d}  {found:5d}  {rec:10d}")
+    misses = [r for r in rows if not r.detected]
+    unrecognised = [r for r in detected if not r.recognised]
+    if misses:
+        print("\nmissed on before (code not reported):")
+        for r in misses:
+            print(f"  #{r.index} {r.code} {r.repo}:{r.file} — {r.description}")
+    if unrecognised:
+        print("\nfix not recognised (every finding persists on after):")
+        for r in unrecognised:
+            print(f"  #{r.index} {r.code} {r.repo}:{r.file} {r.found_before}->{r.found_after}")
+    if skipped:
+        print("\nskipped:")
+        for r in skipped:
+            print(f"  #{r.index} {r.repo}:{r.file} — {r.error or 'mirror missing'}")
+    return {
+        "rows": len(rows),
+        "detected": len(detected),
+        "recognised": len(recognised),
+        "fewer_after": len(fewer),
+        "clean_after": len(clean),
+        "per_code": table,
+        "per_row": [
+            {
+                "index": r.index,
+                "repo": r.repo,
+                "file": r.file,
+                "code": r.code,
+                "before": r.found_before,
+                "after": r.found_after,
+                "detected": r.detected,
+                "recognised": r.recognised,
+            }
+            for r in rows
+        ],
+        "skipped": [f"{r.repo}:{r.file}" for r in skipped],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=Path, default=ROWS)
+    parser.add_argument(
+        "--mirrors", type=Path, default=MIRRORS, help="<owner>+<name>/repo live here"
+    )
+    parser.add_argument("--out", type=Path, help="extract here (default: a temp dir)")
+    parser.add_argument("--json", type=Path, help="also write the scores as JSON here")
+    args = parser.parse_args()
+
+    rows = read_rows(args.rows)
+    present = [r for r in rows if git_dir(args.mirrors, r.repo).is_dir()]
+    missing = [r for r in rows if r not in present]
+    if not present:
+        print(f"no mirror under {args.mirrors} for any of {len(rows)} rows; nothing to measure")
+        return
+    if missing:
+        names = sorted({r.repo for r in missing})
+        print(f"skipping {len(missing)} rows, mirror missing: {', '.join(names)}")
+    with tempfile.TemporaryDirectory(prefix="ddpify-realbugs-") as tmp:
+        out = args.out or Path(tmp)
+        if out.resolve().is_relative_to(ROOT):
+            sys.exit("--out must be outside the project: fetched code is never written into it")
+        ready = extract(present, args.mirrors, out)
+        failed = [r for r in present if r.error]
+        score(ready, run_check(out), out)
+        result = report(ready, failed)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
