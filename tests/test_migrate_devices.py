@@ -38,6 +38,10 @@ def _placement(code: str) -> str | None:
         ("import torch\ndef f(rank, m):\n    return m.to(rank)\n", "m.to(rank)"),
         ("import torch\nm = torch.nn.Linear(2, 2).to(0)\n", "torch.nn.Linear(2, 2).to(0)"),
         (
+            "import torch\ndevice = torch.accelerator.current_accelerator()\n",
+            "torch.accelerator.current_accelerator()",
+        ),
+        (
             "import torch\nfrom torch.nn import DataParallel\nm = DataParallel(net)\n",
             "DataParallel(net)",
         ),
@@ -189,3 +193,52 @@ def test_fp16_clipping_unscales_first_with_the_restructured_loss():
     unscale = out.index("SCALER.unscale_(optimizer)")
     assert backward < unscale < out.index("clip_grad_norm_") < out.index("SCALER.step(optimizer)")
     assert "AMP_DTYPE = torch.float16\n" in out
+
+
+GAN = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+gen = nn.Linear(8, 4).to(device)
+disc = nn.Linear(4, 1).to(device)
+opt_g = torch.optim.Adam(gen.parameters())
+opt_d = torch.optim.Adam(disc.parameters())
+criterion = nn.BCEWithLogitsLoss()
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8)
+for (real,) in loader:
+    real = real.to(device)
+    noise = torch.randn(real.size(0), 8, device=device)
+    opt_g.zero_grad()
+    fake = gen(noise)
+    g_loss = criterion(disc(fake), torch.ones(real.size(0), 1, device=device))
+    g_loss.backward()
+    opt_g.step()
+    opt_d.zero_grad()
+    d_real = disc(real)
+    d_loss = criterion(d_real, torch.ones_like(d_real)) + criterion(
+        disc(fake.detach()), torch.zeros_like(d_real)
+    )
+    d_loss.backward()
+    opt_d.step()
+"""
+
+
+def test_each_of_two_steps_in_one_loop_gets_its_own_autocast_block():
+    out = migrate_source(GAN, "gan.py").output
+    lines = [line.strip() for line in out[out.index("for (real,) in loader:") :].splitlines()]
+    autocast = 'with torch.autocast("cuda", dtype=AMP_DTYPE, enabled=USE_AMP):'
+    assert lines.count(autocast) == 2
+    first, second = (i for i, line in enumerate(lines) if line == autocast)
+    assert lines[first + 1 : first + 3] == [
+        "fake = gen(noise)",
+        "g_loss = criterion(disc(fake), torch.ones(real.size(0), 1, device=device))",
+    ]
+    assert lines[first + 3 : second] == [
+        "SCALER.scale(g_loss).backward()",
+        "SCALER.step(opt_g)",
+        "SCALER.update()",
+        "opt_d.zero_grad()",
+    ]
+    assert lines[second + 1] == "d_real = disc(real)"

@@ -36,6 +36,8 @@ CUDA_CALLS = frozenset(
     {
         "torch.nn.parallel.DataParallel",  # DataParallel runs on GPUs or not at all
         "torch.cuda.current_device",
+        "torch.accelerator.current_accelerator",  # the GPU when there is one
+        "torch.accelerator.current_device_index",
     }
 )
 # `.to(rank)`, `torch.device(local_rank)`: an integer device is a CUDA device.

@@ -135,8 +135,8 @@ def _training_step(tree: Tree, backward: cst.Call):
         return None  # `total += f(x).backward()`: nowhere to put the loss
     loss = dotted(receiver)
     start = None
-    for i, stmt in enumerate(block[:index]):
-        if _calls_model(tree, stmt, models):
+    for i in range(_after_previous_backward(tree, block, index), index):
+        if _calls_model(tree, block[i], models):
             start = i
             break
     if start is None:
@@ -153,6 +153,15 @@ def _training_step(tree: Tree, backward: cst.Call):
     if step is None:
         return None
     return forward, statement, backward, step
+
+
+def _after_previous_backward(tree: Tree, block: list, index: int) -> int:
+    """Where this step's forward can begin: after the block's previous backward, if any
+    (a GAN's discriminator step must not swallow the generator's backward and step)."""
+    for i in range(index - 1, -1, -1):
+        if any(method_name(c) == "backward" for c in tree.within(block[i], cst.Call)):
+            return i + 1
+    return 0
 
 
 def _computes_loss(tree: Tree, receiver: cst.BaseExpression) -> bool:
