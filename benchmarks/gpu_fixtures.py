@@ -150,7 +150,8 @@ def _cases(only: str | None) -> list[Case]:
 def _shape(before: Path) -> str:
     """The shape the migration sees, so verify is skipped where the original launches its
     own processes (asked of ddpify itself; unknown if it cannot be imported)."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     try:
         import libcst
 

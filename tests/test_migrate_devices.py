@@ -242,3 +242,13 @@ def test_each_of_two_steps_in_one_loop_gets_its_own_autocast_block():
         "opt_d.zero_grad()",
     ]
     assert lines[second + 1] == "d_real = disc(real)"
+
+
+def test_two_backwards_before_one_step_update_the_scaler_once():
+    code = _step(
+        "loss = loss_fn(model(x), y)\nloss.backward()\n"
+        "extra = loss_fn(model(x * 2), y)\nextra.backward()\noptimizer.step()"
+    )
+    out = migrate_source(code, "t.py").output
+    assert out.count("SCALER.update()") == 1 and out.count("SCALER.step(optimizer)") == 1
+    assert out.count("with torch.autocast(") == 2

@@ -225,9 +225,9 @@ def _autocast(tree, plan, edits, forward, statement, backward, step) -> None:
         new_backward = snippets.expression(f"SCALER.scale({loss}).backward()")
         edits.replace(backward, new_backward)
         edits.group(forward, snippets.nested_under(template))
-    edits.replace(step, snippets.expression(f"SCALER.step({optimizer})"))
-    step_statement = tree.statement(step)
-    edits.after[step_statement].append(snippets.statement("SCALER.update()"))
+    if step not in edits.replacements:  # two backwards before one step: one update
+        edits.replace(step, snippets.expression(f"SCALER.step({optimizer})"))
+        edits.after[tree.statement(step)].append(snippets.statement("SCALER.update()"))
     plan.change(
         NAME,
         "autocast around the forward pass and the loss",
