@@ -1,4 +1,5 @@
-"""The converted fixture scripts run: as one plain process and under torchrun (2 CPU ranks).
+"""The converted fixture scripts run: as one plain process and under torchrun (2 CPU ranks,
+with autocast on in bf16 as on a GPU: fixtures/migrate/run_cases.py --amp-bf16).
 
 Marked `torchrun`; `pytest -m "not torchrun"` skips them. Starting Python, importing torch
 and launching workers cost far more than these tiny scripts, so every case runs inside one
@@ -8,7 +9,9 @@ torchrun launch; one case also runs through the literal commands a user types.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,12 +59,46 @@ def test_every_case_runs_as_one_process(tmp_path):
 
 
 @pytest.mark.torchrun
-def test_every_case_runs_under_torchrun_with_two_ranks(tmp_path):
-    done = _run([*TORCHRUN, str(RUNNER), str(tmp_path), *_cases()], tmp_path)
+def test_every_case_runs_under_torchrun_with_two_ranks_in_bf16(tmp_path):
+    """As on GPUs, where users run torchrun with AMP: autocast on, in bf16 (on the CPU)."""
+    done = _run([*TORCHRUN, str(RUNNER), "--amp-bf16", str(tmp_path), *_cases()], tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     for case in CASES:
+        uses_amp = "torch.autocast(" in (CASES_DIR / case / "after.py").read_text()
         for rank in (0, 1):
             assert f"ddpify-case {case} rank {rank} ok" in done.stdout
+            ops = re.search(rf"ddpify-amp {case} rank {rank} bf16 ops (\d+)", done.stdout)
+            assert ops is not None and (int(ops.group(1)) > 0) == uses_amp, case
+
+
+def _bf16_simulation():
+    spec = importlib.util.spec_from_file_location("run_cases", RUNNER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.bf16_simulation()
+
+
+def test_the_bf16_simulation_fails_a_loss_outside_autocast_as_cuda_does():
+    import torch
+
+    model, x, y = torch.nn.Linear(4, 2), torch.randn(8, 4), torch.randn(8, 2)
+    real = torch.autocast
+    with _bf16_simulation() as amp:
+        with torch.autocast("cuda", dtype=torch.float16, enabled=False):  # USE_AMP on CPU
+            out = model(x)
+            inside = torch.nn.functional.mse_loss(out, y)
+            with torch.autocast("cuda", enabled=False):  # a float32 island stays one
+                island = model(x)
+        assert out.dtype == torch.bfloat16 and island.dtype == torch.float32
+        inside.backward()
+        with pytest.raises(RuntimeError, match="mixed dtypes"):
+            torch.nn.functional.mse_loss(out.detach(), y)  # the loss outside autocast
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            with torch.autocast("cuda"):
+                torch.nn.functional.binary_cross_entropy(torch.rand(3), torch.rand(3))
+    assert amp.low_precision_ops > 0
+    assert torch.autocast is real
+    assert torch.nn.functional.mse_loss(out.detach(), y).dtype == torch.float32  # CPU: lax
 
 
 @pytest.mark.torchrun

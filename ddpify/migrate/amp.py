@@ -4,6 +4,13 @@ clipping; legacy `torch.cuda.amp` spellings become `torch.amp`.
 AMP is on for GPUs only (USE_AMP), so CPU runs compute exactly what the original did.
 bf16 needs no scaler; the scaler is created disabled unless the dtype is fp16, so the
 same `SCALER.scale(loss).backward()` lines serve both.
+
+The loss must be computed inside autocast too: outside it, a loss on a bf16 output and a
+float32 target fails in backward on CUDA ("Found dtype Float but expected BFloat16").
+So a loss computed in the backward statement itself (`loss_fn(out, y).backward()`)
+becomes an assignment inside the autocast block, and the backward goes through it. A
+script that keeps its tensors on the CPU gets no AMP: `autocast("cuda")` would not touch
+its work.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from ddpify.migrate.analyze import (
     optimizer_names,
 )
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.tree import Tree, mentions
+from ddpify.migrate.entrypoint import runs_on_cuda
+from ddpify.migrate.tree import Tree, mentions, names_in
 
 NAME = "amp"
 AUTOCASTS = ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast")
@@ -30,6 +38,8 @@ LEGACY = {
 }
 SCALERS = ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler")
 CLIPS = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_")
+# Names for a loss that the original computed inside the backward statement.
+LOSS_NAMES = ("loss", "batch_loss", "step_loss", "amp_loss")
 
 
 def run(tree: Tree, plan: Plan) -> Edits:
@@ -40,6 +50,13 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _unscale_before_clip(tree, plan, edits)
         return edits
     if plan.options.amp == "off" or not plan.shape.converts:
+        return edits
+    if not runs_on_cuda(tree):
+        plan.needs_human(
+            "mixed precision not added: the script keeps its tensors on the CPU, where "
+            'autocast("cuda") would change nothing',
+            None,
+        )
         return edits
     steps = [step for step in (_training_step(tree, call) for call in backward_calls(tree)) if step]
     if not steps:
@@ -106,7 +123,9 @@ def _unscale_before_clip(tree: Tree, plan: Plan, edits: Edits) -> None:
 
 
 def _training_step(tree: Tree, backward: cst.Call):
-    """(forward statements, the backward statement, the optimizer.step() call) in one block."""
+    """(forward statements, the backward statement, the backward call, the optimizer.step()
+    call), all in one block. The forward statements may be none when the backward statement
+    computes the loss (and the forward) itself."""
     statement = tree.statement(backward)
     if not isinstance(statement, cst.SimpleStatementLine):
         return None
@@ -114,22 +133,49 @@ def _training_step(tree: Tree, backward: cst.Call):
     index = block.index(statement)
     models = model_names(tree)
     receiver = backward.func.value  # type: ignore[union-attr]
+    if _computes_loss(tree, receiver) and not _is_whole_statement(statement, backward):
+        return None  # `total += f(x).backward()`: nowhere to put the loss
     loss = dotted(receiver)
     start = None
-    for i, stmt in enumerate(block[:index]):
-        if _calls_model(tree, stmt, models):
+    for i in range(_after_previous_backward(tree, block, index), index):
+        if _calls_model(tree, block[i], models):
             start = i
             break
     if start is None:
-        return None
-    end = start
-    for i in range(start, index):
-        if loss is None or _assigns(block[i], loss):
-            end = i
+        if not (_computes_loss(tree, receiver) and _calls_model(tree, statement, models)):
+            return None
+        forward = []
+    else:
+        end = start
+        for i in range(start, index):
+            if loss is None or _assigns(block[i], loss):
+                end = i
+        forward = block[start : end + 1]
     step = _optimizer_step(tree, block[index + 1 :])
     if step is None:
         return None
-    return block[start : end + 1], statement, backward, step
+    return forward, statement, backward, step
+
+
+def _after_previous_backward(tree: Tree, block: list, index: int) -> int:
+    """Where this step's forward can begin: after the block's previous backward, if any
+    (a GAN's discriminator step must not swallow the generator's backward and step)."""
+    for i in range(index - 1, -1, -1):
+        if any(method_name(c) == "backward" for c in tree.within(block[i], cst.Call)):
+            return i + 1
+    return 0
+
+
+def _computes_loss(tree: Tree, receiver: cst.BaseExpression) -> bool:
+    """`loss_fn(out, y)` in `loss_fn(out, y).backward()` computes the loss there; a name,
+    or `loss.mean()` of one, does not (a call with arguments is the sign)."""
+    calls = [receiver, *tree.within(receiver, cst.Call)]
+    return any(isinstance(call, cst.Call) and call.args for call in calls)
+
+
+def _is_whole_statement(statement: cst.SimpleStatementLine, call: cst.Call) -> bool:
+    small = statement.body
+    return len(small) == 1 and isinstance(small[0], cst.Expr) and small[0].value is call
 
 
 def _calls_model(tree: Tree, stmt: cst.BaseStatement, models: set[str]) -> bool:
@@ -165,21 +211,31 @@ def _optimizer_step(tree: Tree, rest: list[cst.BaseStatement]) -> cst.Call | Non
 
 
 def _autocast(tree, plan, edits, forward, statement, backward, step) -> None:
-    loss = tree.code(backward.func.value)
-    new_backward = snippets.expression(f"SCALER.scale({loss}).backward()")
-    edits.replace(backward, new_backward)
+    receiver = backward.func.value
     optimizer = tree.code(step.func.value)
-    edits.replace(step, snippets.expression(f"SCALER.step({optimizer})"))
-    step_statement = tree.statement(step)
-    edits.after[step_statement].append(snippets.statement("SCALER.update()"))
     template = snippets.statement(snippets.AUTOCAST)
-    edits.group(forward, snippets.nested_under(template))
+    if _computes_loss(tree, receiver):
+        loss = _fresh_loss_name(tree, statement)
+        edits.group([*forward, statement], _loss_inside(template, loss))
+        plan.change(
+            NAME,
+            f"the loss computed in the backward line becomes `{loss}`, inside autocast",
+            f"{loss} = {tree.code(receiver).strip()}",
+        )
+    else:
+        loss = tree.code(receiver)
+        new_backward = snippets.expression(f"SCALER.scale({loss}).backward()")
+        edits.replace(backward, new_backward)
+        edits.group(forward, snippets.nested_under(template))
+    if step not in edits.replacements:  # two backwards before one step: one update
+        edits.replace(step, snippets.expression(f"SCALER.step({optimizer})"))
+        edits.after[tree.statement(step)].append(snippets.statement("SCALER.update()"))
     plan.change(
         NAME,
         "autocast around the forward pass and the loss",
         'with torch.autocast("cuda", dtype=AMP_DTYPE, enabled=USE_AMP):',
     )
-    plan.change(NAME, "backward through the GradScaler", f"SCALER.scale({loss}).backward()")
+    plan.change(NAME, "backward through the GradScaler", f"SCALER.scale({loss}).backward(")
     plan.change(NAME, "optimizer step through the GradScaler", f"SCALER.step({optimizer})")
     block = list(tree.block(statement).body)
     following = block[block.index(statement) + 1 :]
@@ -192,6 +248,36 @@ def _autocast(tree, plan, edits, forward, statement, backward, step) -> None:
             plan.change(
                 NAME, "unscale_ before clipping, so the clip sees true gradients", line, "DDP044"
             )
+
+
+def _fresh_loss_name(tree: Tree, statement: cst.BaseStatement) -> str:
+    taken = names_in(tree.scope(statement))
+    return next((name for name in LOSS_NAMES if name not in taken), "ddpify_loss")
+
+
+def _loss_inside(template: cst.BaseCompoundStatement, loss: str):
+    """A grouping callback for `<forward>; f(out, y).backward()`: the forward and
+    `loss = f(out, y)` go under autocast, then `SCALER.scale(loss).backward()`."""
+
+    def build(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        *forward, last = members
+        call = last.body[0].value  # type: ignore[attr-defined]
+        value = call.func.value
+        if not isinstance(value, cst.NamedExpr):  # `loss = (a + b)` reads as `loss = a + b`
+            value = value.with_changes(lpar=[], rpar=[])
+        assign = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(loss))], value)])
+        scaled = snippets.expression(f"SCALER.scale({loss})")
+        backward = last.with_changes(
+            body=[cst.Expr(call.with_changes(func=call.func.with_changes(value=scaled)))]
+        )
+        first = forward[0] if forward else last
+        body = [snippets.bare(s) for s in forward[:1]] + forward[1:] + [assign]
+        block = template.with_changes(
+            body=template.body.with_changes(body=body), leading_lines=first.leading_lines
+        )
+        return [block, backward if forward else snippets.bare(backward)]
+
+    return build
 
 
 def _constants(tree: Tree, plan: Plan, edits: Edits) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.devices import cuda_placement
 from ddpify.analysis.guards import classify
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.migrate import snippets
@@ -40,9 +41,10 @@ def run(tree: Tree, plan: Plan) -> Edits:
         return edits
     plan.needs |= {"os", "dist"}
     anchor = _insertion_point(tree)
+    cuda = runs_on_cuda(tree)
     setup = [
         *snippets.statements(snippets.ENV_CONSTANTS, snippets.ENV_COMMENT),
-        *snippets.setup_function(plan.dist),
+        *snippets.setup_function(plan.dist, cuda),
     ]
     setup[0] = setup[0].with_changes(leading_lines=[cst.EmptyLine(), *setup[0].leading_lines])
     _insert_after(tree, edits, anchor, setup)
@@ -55,7 +57,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
     )
     plan.change(
         NAME,
-        "init_distributed(): set_device, then init_process_group (nccl on GPUs, gloo on CPU)",
+        f"{SETUP_FUNCTION}(): set_device, then a process group with nccl for CUDA tensors and "
+        "gloo for CPU ones (gloo alone without GPUs)"
+        if cuda
+        else f"{SETUP_FUNCTION}(): a gloo process group, as the script keeps its tensors on the "
+        "CPU (nccl cannot carry CPU tensors)",
         f"def {SETUP_FUNCTION}():",
         "DDP005",
     )
@@ -65,6 +71,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
     else:
         _replace_launcher(tree, plan, edits)
     return edits
+
+
+def runs_on_cuda(tree: Tree) -> bool:
+    """Whether the script puts anything on a GPU (else it trains on the CPU everywhere)."""
+    return cuda_placement(tree.nodes, tree.qualify, tree.parent) is not None
 
 
 def _insertion_point(tree: Tree) -> cst.BaseStatement | None:

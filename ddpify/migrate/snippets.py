@@ -16,19 +16,36 @@ LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 """
 
-SETUP = '''\
+SETUP_GPU = '''\
 
 
 def {name}():
-    """Join torchrun's process group (nccl on GPUs, gloo on CPU); a lone process makes its own."""
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    """Join torchrun's process group; a lone process makes its own."""
+    # On GPUs: nccl for CUDA tensors and gloo for CPU ones, bound to this process's GPU.
+    backend, device_id = "gloo", None
     if torch.cuda.is_available():
         torch.cuda.set_device(LOCAL_RANK)
+        backend, device_id = "cpu:gloo,cuda:nccl", torch.device("cuda", LOCAL_RANK)
     if "RANK" in os.environ:
-        {dist}.init_process_group(backend)
+        {dist}.init_process_group(backend, device_id=device_id)
     else:
         store = {dist}.HashStore()  # a group of one needs no rendezvous
-        {dist}.init_process_group(backend, store=store, rank=RANK, world_size=WORLD_SIZE)
+        {dist}.init_process_group(
+            backend, store=store, rank=RANK, world_size=WORLD_SIZE, device_id=device_id
+        )
+'''
+# A script that never puts anything on a GPU trains on the CPU on any machine: gloo.
+SETUP_CPU = '''\
+
+
+def {name}():
+    """Join torchrun's process group; a lone process makes its own."""
+    # gloo: this script keeps its tensors on the CPU, which nccl cannot carry.
+    if "RANK" in os.environ:
+        {dist}.init_process_group("gloo")
+    else:
+        store = {dist}.HashStore()  # a group of one needs no rendezvous
+        {dist}.init_process_group("gloo", store=store, rank=RANK, world_size=WORLD_SIZE)
 '''
 
 AMP_COMMENT = "# ddpify: mixed precision on GPUs only ({choice}); CPU runs stay exact."
@@ -71,8 +88,9 @@ def expression(code: str) -> cst.BaseExpression:
     return cst.parse_expression(code)
 
 
-def setup_function(dist: str) -> list[cst.BaseStatement]:
-    return statements(SETUP.format(name=SETUP_FUNCTION, dist=dist))
+def setup_function(dist: str, cuda: bool) -> list[cst.BaseStatement]:
+    template = SETUP_GPU if cuda else SETUP_CPU
+    return statements(template.format(name=SETUP_FUNCTION, dist=dist))
 
 
 def with_comment(node: cst.BaseStatement, comment: str) -> cst.BaseStatement:

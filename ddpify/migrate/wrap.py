@@ -24,6 +24,7 @@ from ddpify.migrate.analyze import (
     propagate,
 )
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.entrypoint import runs_on_cuda
 from ddpify.migrate.tree import Tree, mentions
 
 NAME = "wrap"
@@ -93,7 +94,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
 
 
 def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
-    if not plan.options.sync_bn or not plan.shape.converts:
+    if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
     code = tree.module.code
     return "BatchNorm" in code and "convert_sync_batchnorm" not in code
@@ -109,8 +110,12 @@ def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
     return snippets.statement(SYNC_BN.format(model=model))
 
 
-def _ddp_call(plan: Plan, inner: str) -> str:
+def _ddp_call(tree: Tree, plan: Plan, inner: str) -> str:
+    """`DDP(inner, device_ids=...)`; a script that keeps its model on the CPU gets no
+    device_ids, which DDP rejects for a CPU module (even on a GPU machine)."""
     plan.needs.add("ddp")
+    if not runs_on_cuda(tree):
+        return f"{plan.ddp}({inner})"
     return f"{plan.ddp}({inner}, device_ids={snippets.DEVICE_IDS})"
 
 
@@ -146,11 +151,11 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
                 edits.removed.add(owner)
             if _wants_sync_bn(tree, plan):
                 edits.after[place].append(_sync_bn(plan, target))
-            new = snippets.statement(f"{target} = {_ddp_call(plan, target)}")
+            new = snippets.statement(f"{target} = {_ddp_call(tree, plan, target)}")
             edits.after[place].append(new)
             wrapped.append((target, place))
             continue
-        edits.replace(outer, snippets.expression(_ddp_call(plan, inner + suffix)))
+        edits.replace(outer, snippets.expression(_ddp_call(tree, plan, inner + suffix)))
         if _wants_sync_bn(tree, plan) and isinstance(call.args[0].value, cst.Name):
             edits.before[statement].append(_sync_bn(plan, inner))
         if owner is not None:
@@ -214,7 +219,7 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
     inserted = []
     if _wants_sync_bn(tree, plan):
         inserted.append(_sync_bn(plan, target))  # type: ignore[arg-type]
-    wrap = snippets.statement(f"{target} = {_ddp_call(plan, target)}")  # type: ignore[arg-type]
+    wrap = snippets.statement(f"{target} = {_ddp_call(tree, plan, target)}")  # type: ignore[arg-type]
     inserted.append(wrap)
     edits.after[place].extend(inserted)
     plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")

@@ -1,0 +1,105 @@
+"""Where a script keeps its tensors: does anything in it go to a CUDA device?
+
+The process group's backend, DDP's `device_ids` and autocast all depend on it: nccl
+cannot carry CPU tensors, `device_ids` on a CPU module raises, and `autocast("cuda")`
+does nothing to CPU work. A script with no sign of a CUDA device trains on the CPU even
+on a GPU machine, so its conversion must too.
+
+The evidence is textual and deliberately broad (any `.cuda()`, any `"cuda"` device
+string, `.to(rank)`, DataParallel, `device_ids=`): calling a GPU script "CPU" would
+only make it slower (gloo carries CUDA tensors), but calling a CPU script "GPU" makes
+DDP raise on a GPU machine, so only a script without any of these counts as CPU.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted, find_arg, method_name
+
+# Calls whose "cuda" argument is a device *type*, which places nothing anywhere.
+DEVICE_TYPE_CALLS = frozenset(
+    {
+        "torch.autocast",
+        "torch.amp.autocast",
+        "torch.amp.GradScaler",
+        "torch.cuda.amp.autocast",
+        "torch.cuda.amp.GradScaler",
+        "torch.get_autocast_dtype",
+        "torch.amp.is_autocast_available",
+    }
+)
+CUDA_CALLS = frozenset(
+    {
+        "torch.nn.parallel.DataParallel",  # DataParallel runs on GPUs or not at all
+        "torch.cuda.current_device",
+        "torch.accelerator.current_accelerator",  # the GPU when there is one
+        "torch.accelerator.current_device_index",
+    }
+)
+# `.to(rank)`, `torch.device(local_rank)`: an integer device is a CUDA device.
+GPU_INDEX_NAME = re.compile(r"(^|_)(rank|gpu|gpu_id|gpu_index|device_id)$", re.IGNORECASE)
+MOVES = ("to", "cuda")
+
+Qualify = Callable[[cst.BaseExpression], "str | None"]
+
+
+def cuda_placement(
+    nodes: Iterable[cst.CSTNode], qualify: Qualify, parent: Mapping[cst.CSTNode, cst.CSTNode]
+) -> cst.CSTNode | None:
+    """The first node that puts a tensor or module on a CUDA device, or None."""
+    for node in nodes:
+        if isinstance(node, cst.Call) and _places_on_cuda(node, qualify):
+            return node
+        if _is_cuda_string(node) and _names_a_device(node, qualify, parent):
+            return node
+    return None
+
+
+def _places_on_cuda(call: cst.Call, qualify: Qualify) -> bool:
+    if method_name(call) == "cuda":
+        return True
+    name = qualify(call.func)
+    if name in CUDA_CALLS:
+        return True
+    ids = find_arg(call, "device_ids")
+    if ids is not None and not (isinstance(ids.value, cst.Name) and ids.value.value == "None"):
+        return True
+    if method_name(call) in MOVES or name == "torch.device":
+        first = find_arg(call, "device", 0)
+        return first is not None and _is_gpu_index(first.value)
+    return False
+
+
+def _is_gpu_index(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Integer):
+        return True
+    name = dotted(expr)
+    return name is not None and GPU_INDEX_NAME.search(name.split(".")[-1]) is not None
+
+
+def _is_cuda_string(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
+    if isinstance(node, cst.FormattedString) and node.parts:
+        first = node.parts[0]
+        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
+    return False
+
+
+def _names_a_device(node: cst.CSTNode, qualify: Qualify, parent: Mapping) -> bool:
+    """Not `x.type == "cuda"` nor the device type of autocast or a GradScaler."""
+    above = parent.get(node)
+    if isinstance(above, (cst.Comparison, cst.ComparisonTarget)):
+        return False
+    if isinstance(above, cst.Arg):
+        if above.keyword is not None and above.keyword.value == "device_type":
+            return False
+        call = parent.get(above)
+        if isinstance(call, cst.Call) and qualify(call.func) in DEVICE_TYPE_CALLS:
+            return False
+    return True
