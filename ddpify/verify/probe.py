@@ -32,6 +32,7 @@ What it does to the run (the same in both runs unless said otherwise):
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import math
 import os
@@ -61,6 +62,7 @@ FEATURE_DROPOUTS = {"dropout1d": 1, "dropout2d": 2, "dropout3d": 3}
 SWITCHED_OFF_DROPOUTS = ("alpha_dropout", "feature_alpha_dropout")
 MAX_DRAWS_RECORDED = 5000
 SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"
+SYNC_BN_NAMES = ("SyncBatchNorm", "convert_sync_batchnorm")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -654,7 +656,17 @@ class RandomDraws:
             return 0
         return None
 
-    def draw(self, make, shape, kind: str):
+    def fingerprint(self, device) -> str:
+        """The generator's state before a draw: equal in both runs when they are in step."""
+        torch = self.probe.torch
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "cuda":
+            state = torch.cuda.get_rng_state(device)
+        else:
+            state = torch.get_rng_state()
+        return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+
+    def draw(self, make, shape, kind: str, device=None):
         """`make(full_shape)` draws; returns this rank's part of the single process's draw."""
         probe = self.probe
         shape = tuple(int(size) for size in shape)
@@ -663,10 +675,11 @@ class RandomDraws:
         if dim is not None:
             full[dim] *= probe.world
         probe.check_rng()
+        state = self.fingerprint(device)
         tensor = make(tuple(full))
         probe.rng_drawn()
         if len(self.record) < MAX_DRAWS_RECORDED:
-            self.record.append([kind, full, dim])
+            self.record.append([kind, full, dim, state])
         if dim is None:
             return tensor
         self.sliced += 1
@@ -685,7 +698,7 @@ class RandomDraws:
 
     def uniform(self, shape, device, kind: str):
         rand = self.native["rand"]
-        return self.draw(lambda full: rand(full, device=device), shape, kind)
+        return self.draw(lambda full: rand(full, device=device), shape, kind, device)
 
     def patch(self, torch) -> None:
         """torch.randn/rand and their *_like forms; other draws stay the script's own."""
@@ -703,7 +716,8 @@ class RandomDraws:
             if "size" in kwargs:
                 shape = kwargs.pop("size")
             grad = kwargs.pop("requires_grad", False)
-            tensor = self.draw(lambda full: native(full, **kwargs), shape, name)
+            device = kwargs.get("device")
+            tensor = self.draw(lambda full: native(full, **kwargs), shape, name, device)
             return tensor.requires_grad_(True) if grad else tensor
 
         return draw
@@ -716,7 +730,8 @@ class RandomDraws:
             kwargs.pop("memory_format", None)
             kwargs.setdefault("dtype", input.dtype)
             kwargs.setdefault("device", input.device)
-            tensor = self.draw(lambda full: maker(full, **kwargs), input.shape, name)
+            device = kwargs["device"]
+            tensor = self.draw(lambda full: maker(full, **kwargs), input.shape, name, device)
             return tensor.requires_grad_(True) if grad else tensor
 
         return draw
@@ -837,12 +852,18 @@ def strip_wrappers(name: str) -> str:
 
 
 def mentions_sync_batch_norm(path: str) -> bool:
-    """Whether the script converts to SyncBatchNorm (migrate writes it under a CUDA guard)."""
+    """Whether the script's code (not its comments or strings) names SyncBatchNorm or
+    convert_sync_batchnorm: migrate writes the conversion under a CUDA guard."""
+    import tokenize
+
     try:
         with open(path, "rb") as handle:
-            return b"SyncBatchNorm" in handle.read()
-    except OSError:
+            for token in tokenize.tokenize(handle.readline):
+                if token.type == tokenize.NAME and token.string in SYNC_BN_NAMES:
+                    return True
+    except (OSError, SyntaxError, tokenize.TokenError):
         return False
+    return False
 
 
 def die_with_parent() -> None:

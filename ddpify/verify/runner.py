@@ -122,8 +122,8 @@ class Session:
         gpus = visible_gpus()
         if gpus == 0:
             self.result.notes.append(
-                "no GPU visible: both runs on CPU (gloo); GPU-only paths such as AMP are not "
-                "exercised"
+                "no GPU visible: both runs on CPU (gloo); the scripts' CUDA-only paths (AMP on "
+                "CUDA, SyncBatchNorm, nccl) are not exercised"
             )
         elif gpus < nproc:
             self.extra_env[SHARE_GPUS_ENV] = str(gpus)
