@@ -194,6 +194,7 @@ def _verify(result: MigrationResult, original: Path, target: Path, script_args) 
         batch_policy=result.batch_policy,
         lr_scale=result.lr_scale_for(nproc),
         converted_source=result.output,
+        fixed_codes=sorted(result.fixed_codes),
     )
     outcome.render(sys.stdout)
     if outcome.exit_code != 0:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -63,6 +64,16 @@ SWITCHED_OFF_DROPOUTS = ("alpha_dropout", "feature_alpha_dropout")
 MAX_DRAWS_RECORDED = 5000
 SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"
 SYNC_BN_NAMES = ("SyncBatchNorm", "convert_sync_batchnorm")
+# numpy.random's global draws and the position of their `size` argument.
+NUMPY_SIZED_DRAWS = {
+    "normal": 2,
+    "uniform": 2,
+    "randint": 2,
+    "standard_normal": 0,
+    "random": 0,
+    "random_sample": 0,
+}
+NUMPY = "numpy"  # the device of numpy's global generator, for RandomDraws
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -121,6 +132,7 @@ class Probe:
         self.share_gpus()
         self.patch_data()
         self.draws.patch(self.torch)
+        self.draws.patch_numpy()
         self.patch_functional()
         self.patch_autocast()
         self.patch_grad_scaler()
@@ -138,15 +150,15 @@ class Probe:
         init = dist.init_process_group
         probe = self
 
+        signature = inspect.signature(init)
+
         def init_process_group(*args, **kwargs):
-            if args:
-                kwargs.setdefault("backend", args[0])
-                args = args[1:]
-            asked = kwargs.get("backend")
-            kwargs["backend"] = "gloo"
-            kwargs.pop("device_id", None)  # binds the group to one device for NCCL only
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+            asked = arguments.get("backend")
+            arguments["backend"] = "gloo"
+            arguments.pop("device_id", None)  # binds the group to one device, for NCCL
             probe.flag("shared_gpus", f"{asked or 'default'} -> gloo")
-            return init(*args, **kwargs)
+            return init(**arguments)
 
         dist.init_process_group = init_process_group
 
@@ -203,7 +215,8 @@ class Probe:
         numpy = sys.modules.get("numpy")
         state = [self.torch.get_rng_state(), random.getstate()]
         if numpy is not None:
-            state.append(repr(numpy.random.get_state()[1][:4].tolist()))
+            _, key, position, *_ = numpy.random.get_state()
+            state.append((key[:4].tolist(), position))
         return state
 
     def rng_changed(self, before, after) -> bool:
@@ -214,8 +227,6 @@ class Probe:
         return before[1:] != after[1:]
 
     def patch_data(self) -> None:
-        import inspect
-
         from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
         from torch.utils.data import dataloader as dataloader_module
 
@@ -658,6 +669,9 @@ class RandomDraws:
 
     def fingerprint(self, device) -> str:
         """The generator's state before a draw: equal in both runs when they are in step."""
+        if device is NUMPY:
+            _, key, position, *_ = sys.modules["numpy"].random.get_state()
+            return hashlib.blake2b(key.tobytes() + bytes(str(position), "ascii")).hexdigest()[:16]
         torch = self.probe.torch
         device = torch.device(device) if device is not None else torch.device("cpu")
         if device.type == "cuda":
@@ -689,24 +703,72 @@ class RandomDraws:
     def rank_part(self, tensor, dim: int, size: int):
         """Rank r's rows of the whole draw. The DistributedSampler deals samples out in turn
         (rank r gets samples r, r + N, ...), so row j of the single process's batch is row
-        j // N of rank j % N; a dim of `rows * m` (batch times heads) keeps its m together."""
+        j // N of rank j % N; a dim of `rows * m` (batch times heads) keeps its m together.
+        Works on tensors and on numpy arrays."""
         probe, rows = self.probe, self.rows
         shape = list(tensor.shape)
         split = shape[:dim] + [rows, probe.world, size // rows] + shape[dim + 1 :]
-        part = tensor.reshape(split).select(dim + 1, probe.rank)
-        return part.reshape(shape[:dim] + [size] + shape[dim + 1 :]).contiguous()
+        grouped = tensor.reshape(split)
+        if isinstance(tensor, probe.torch.Tensor):
+            part = grouped.select(dim + 1, probe.rank)
+            return part.reshape(shape[:dim] + [size] + shape[dim + 1 :]).contiguous()
+        part = grouped.take(probe.rank, axis=dim + 1)
+        return part.reshape(shape[:dim] + [size] + shape[dim + 1 :]).copy()
+
+    def patch_numpy(self) -> None:
+        """numpy.random's global draws (`np.random.normal(0, 1, (batch, z))`), sliced alike."""
+        numpy = sys.modules.get("numpy")
+        if numpy is None:
+            return
+        for name, position in NUMPY_SIZED_DRAWS.items():
+            native = getattr(numpy.random, name, None)
+            if native is not None:
+                setattr(numpy.random, name, self.numpy_draw(numpy, native, name, position))
+
+    def numpy_draw(self, numpy, native, name: str, position: int):
+        def draw(*args, **kwargs):
+            size = kwargs.pop("size", args[position] if len(args) > position else None)
+            args = args[:position]
+            params = list(args) + [v for k, v in kwargs.items() if k != "dtype"]
+            if size is None or any(numpy.ndim(p) for p in params):
+                return native(*args, size=size, **kwargs)  # a scalar, or per-element params
+            shape = (size,) if isinstance(size, int) else tuple(size)
+            made = self.draw(lambda full: native(*args, size=full, **kwargs), shape, name, NUMPY)
+            return made
+
+        return draw
 
     def uniform(self, shape, device, kind: str):
         rand = self.native["rand"]
         return self.draw(lambda full: rand(full, device=device), shape, kind, device)
 
     def patch(self, torch) -> None:
-        """torch.randn/rand and their *_like forms; other draws stay the script's own."""
+        """torch.randn/rand/randint and randn_like/rand_like; other draws stay the script's own."""
         for name in ("randn", "rand"):
             setattr(torch, name, self.creation(getattr(torch, name), name))
         for name in ("randn_like", "rand_like"):
             maker = self.native[name.removesuffix("_like")]
             setattr(torch, name, self.like(getattr(torch, name), maker, name))
+        torch.randint = self.randint(torch.randint)
+
+    def randint(self, native):
+        """torch.randint([low,] high, size): the size is the last positional or `size=`."""
+
+        def draw(*args, **kwargs):
+            if "size" in kwargs:
+                size = kwargs.pop("size")
+            elif args and not isinstance(args[-1], int):
+                size, args = args[-1], args[:-1]
+            else:
+                return native(*args, **kwargs)
+            if kwargs.get("generator") is not None or kwargs.get("out") is not None:
+                return native(*args, size, **kwargs)
+            grad = kwargs.pop("requires_grad", False)
+            device = kwargs.get("device")
+            tensor = self.draw(lambda full: native(*args, full, **kwargs), size, "randint", device)
+            return tensor.requires_grad_(True) if grad else tensor
+
+        return draw
 
     def creation(self, native, name: str):
         def draw(*size, **kwargs):
