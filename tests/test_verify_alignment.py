@@ -202,3 +202,13 @@ def test_no_record_of_fixes_means_no_fix():
     original = (AMP_CLIP / "original.py").read_text()
     converted = (AMP_CLIP / "converted.py").read_text()
     assert not fix_original(original, converted, "original.py", fixed_codes=()).changed
+
+
+def test_the_original_gets_the_set_epoch_the_migration_inserted():
+    """A torchrun script without set_epoch, run as one process, would repeat its first epoch's
+    order where the conversion reshuffles: the original runs with the same fix."""
+    case = FIXTURES / "migrate" / "torchrun_fixes"
+    original = (case / "before.py").read_text()
+    fixes = fix_original(original, (case / "after.py").read_text(), "before.py")
+    assert [fix.split(" at ")[0] for fix in fixes.applied] == ["DDP022"]
+    assert "sampler.set_epoch(epoch)" in fixes.text
