@@ -212,3 +212,17 @@ def test_the_original_gets_the_set_epoch_the_migration_inserted():
     fixes = fix_original(original, (case / "after.py").read_text(), "before.py")
     assert [fix.split(" at ")[0] for fix in fixes.applied] == ["DDP022"]
     assert "sampler.set_epoch(epoch)" in fixes.text
+
+
+@pytest.mark.parametrize(("bias_grad", "matches"), [(1e-12, True), (8e-6, False)])
+def test_weights_moved_by_rounding_noise_are_not_compared(bias_grad, matches):
+    """Adam turns a gradient that is zero up to rounding (a bias before BatchNorm) into a
+    full-size step of either sign; a small but real gradient is still compared."""
+    grads = [torch.full((2, 2), 0.25), torch.full((2,), bias_grad)]
+    original = record(grads)
+    converted = converted_pair(grads)
+    for rank in converted:
+        rank["final"][0][1] = original["final"][0][1] + 1e-3
+    result = verdict(original, converted)
+    assert result.exit_code == (0 if matches else 1), result.message
+    assert any("fc.bias not compared" in note for note in result.notes) == matches

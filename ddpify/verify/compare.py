@@ -32,6 +32,8 @@ TOLERANCES = {  # (rtol, atol): torch.testing.assert_close's defaults per dtype
 AMP_TOLERANCES = {"float16": (1e-2, 1e-3), "bfloat16": (5e-2, 1e-2)}
 DATA_RTOL = 1e-6
 MAX_DRAWS_COMPARED = 5000  # the probe records at most this many draws
+# A gradient this small against the step's largest is rounding (a bias before BatchNorm).
+ROUNDING_SHARE = 1e-5
 
 
 @dataclass
@@ -490,17 +492,25 @@ def explain(factor: float | None, result: Comparison) -> str:
 
 
 def zero_gradient_parameters(original: dict, optimizer: int, atol: float) -> list[int]:
-    """Indices of the parameters whose gradients stayed within atol of zero at every step."""
+    """Indices of the parameters whose gradients are zero up to rounding at every step: within
+    atol, and below ROUNDING_SHARE of the step's largest gradient."""
     steps = [s["grads"] for s in original["steps"] if s["optimizer"] == optimizer]
     if not steps:
         return []
     flat = []
     for index in range(len(steps[0])):
-        grads = [step[index] for step in steps if index < len(step)]
-        if all(g is None or g.numel() == 0 or float(g.abs().max()) <= atol for g in grads):
-            if any(g is not None and g.numel() for g in grads):
-                flat.append(index)
+        noise = [is_rounding_noise(step, index, atol) for step in steps if index < len(step)]
+        if all(noise) and any(step[index] is not None for step in steps):
+            flat.append(index)
     return flat
+
+
+def is_rounding_noise(grads: list, index: int, atol: float) -> bool:
+    def largest(g) -> float:
+        return float(g.abs().max()) if g is not None and g.numel() else 0.0
+
+    mine = largest(grads[index])
+    return mine <= atol and mine <= ROUNDING_SHARE * max(largest(g) for g in grads)
 
 
 def constant_factor(actual: list, expected: list) -> float | None:
