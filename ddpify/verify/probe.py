@@ -145,7 +145,6 @@ class Probe:
             return
         local = int(os.environ.get("LOCAL_RANK", "0"))
         os.environ["LOCAL_RANK"] = str(local % gpus)
-        os.environ["LOCAL_WORLD_SIZE"] = str(min(gpus, self.world))
         dist = self.torch.distributed
         init = dist.init_process_group
         probe = self
