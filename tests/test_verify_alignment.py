@@ -226,3 +226,27 @@ def test_weights_moved_by_rounding_noise_are_not_compared(bias_grad, matches):
     result = verdict(original, converted)
     assert result.exit_code == (0 if matches else 1), result.message
     assert any("fc.bias not compared" in note for note in result.notes) == matches
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "mask"),
+    [
+        ("dropout1d", (4, 3, 5), (4, 3, 1)),
+        ("dropout1d", (3, 5), (3, 1)),
+        ("dropout2d", (4, 3, 5, 5), (4, 3, 1, 1)),
+        ("dropout2d", (6, 5), (6, 5)),  # torch takes it as batched: element-wise
+        ("dropout3d", (2, 3, 4, 4, 4), (2, 3, 1, 1, 1)),
+    ],
+)
+def test_channel_dropout_masks_have_torchs_shape(name, shape, mask):
+    import warnings
+
+    batched_dims = probe.FEATURE_DROPOUTS[name]
+    assert probe.feature_mask_shape(torch.ones(shape), batched_dims) == mask
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dropped = getattr(torch.nn.functional, name)(torch.ones(shape), 0.5, True)
+    for dim, size in enumerate(mask):
+        if size == 1:  # torch's mask is constant along the dims ours broadcasts over
+            low, high = dropped.amin(dim), dropped.amax(dim)
+            assert torch.equal(low, high)

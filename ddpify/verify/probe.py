@@ -58,8 +58,9 @@ SUM_REDUCED_LOSSES = (
     "binary_cross_entropy_with_logits",
     "kl_div",
 )
-# Dropout whose mask keeps or drops whole channels: the spatial dims a batched input has.
-FEATURE_DROPOUTS = {"dropout1d": 1, "dropout2d": 2, "dropout3d": 3}
+# Dropout whose mask keeps or drops whole channels: the dims of the input it takes as batched
+# (None: dropout2d takes every input as batched; see feature_mask_shape).
+FEATURE_DROPOUTS = {"dropout1d": 3, "dropout2d": None, "dropout3d": 5}
 SWITCHED_OFF_DROPOUTS = ("alpha_dropout", "feature_alpha_dropout")
 MAX_DRAWS_RECORDED = 5000
 SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"
@@ -381,11 +382,11 @@ class Probe:
             if hasattr(F, name):
                 setattr(F, name, switched_off(getattr(F, name)))
 
-        def aligned_dropout(original, spatial_dims):
+        def aligned_dropout(original, batched_dims):
             def dropout(input, p=0.5, training=True, inplace=False):
                 if not training or p <= 0 or p >= 1:
                     return original(input, p, training, inplace)
-                mask_shape = feature_mask_shape(input, spatial_dims)
+                mask_shape = feature_mask_shape(input, batched_dims)
                 if mask_shape is None:  # an input layout the mask is not known for
                     probe.count("dropout_off")
                     return input
@@ -397,9 +398,9 @@ class Probe:
             return dropout
 
         F.dropout = aligned_dropout(F.dropout, 0)
-        for name, spatial in FEATURE_DROPOUTS.items():
+        for name, batched_dims in FEATURE_DROPOUTS.items():
             if hasattr(F, name):
-                setattr(F, name, aligned_dropout(getattr(F, name), spatial))
+                setattr(F, name, aligned_dropout(getattr(F, name), batched_dims))
         if hasattr(F, "scaled_dot_product_attention"):
             F.scaled_dot_product_attention = self.attention_with_aligned_dropout(
                 F.scaled_dot_product_attention
@@ -798,13 +799,20 @@ class RandomDraws:
         return draw
 
 
-def feature_mask_shape(input, spatial_dims: int):
-    """The shape of a dropout mask: the input's, or (N, C, 1, ...) for channel dropout."""
-    if spatial_dims == 0:
+def feature_mask_shape(input, batched_dims):
+    """The shape of a dropout mask, as torch draws it: the input's for plain dropout
+    (`batched_dims` 0); (N, C, 1, ...) for channel dropout of a batched input. dropout1d and
+    dropout3d take any other input as one sample, channels first (mask (C, 1, ...));
+    dropout2d (`batched_dims` None) takes any input as batched, so on (N, C) it is
+    element-wise."""
+    dims = input.dim()
+    if batched_dims == 0:
         return tuple(input.shape)
-    if input.dim() != spatial_dims + 2:
+    if dims < 2:
         return None
-    return tuple(input.shape[:2]) + (1,) * spatial_dims
+    if batched_dims is None or dims == batched_dims:
+        return tuple(input.shape[:2]) + (1,) * (dims - 2)
+    return tuple(input.shape[:1]) + (1,) * (dims - 1)
 
 
 def batch_norm_options(args, kwargs) -> tuple[bool, float, float]:
