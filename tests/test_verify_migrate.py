@@ -34,8 +34,6 @@ def test_migrated_case_verifies(case, policy, tmp_path, monkeypatch):
     # Decided before running anything: each verify run costs several torch start-ups.
     if migration.shape in LAUNCHES_ITSELF:
         pytest.skip("the original launches its own processes: it cannot run as one process")
-    if "BatchNorm" in migration.original:
-        pytest.skip("BatchNorm: SyncBatchNorm needs CUDA, so on CPU this is inconclusive")
     # What the migration wrote decides, as for `ddpify verify`: a script that was already
     # distributed keeps its batch whatever policy was asked for.
     markers = read_markers(migration.output)
@@ -45,6 +43,7 @@ def test_migrated_case_verifies(case, policy, tmp_path, monkeypatch):
         converted_source=migration.output,
         batch_policy=markers.batch_policy or "auto",
         lr_scale=markers.lr_scale(2),
+        fixed_codes=sorted(migration.fixed_codes),
         cwd=tmp_path,
     )
     if result.failed_run == "original" or "without an optimizer step" in result.message:

@@ -242,6 +242,7 @@ def _verify(result: MigrationResult, original: Path, target: Path, script_args) 
         batch_policy=result.batch_policy,
         lr_scale=result.lr_scale_for(nproc),
         converted_source=result.output,
+        fixed_codes=sorted(result.fixed_codes),
     )
     if _same_file(target, original):
         # In place: the file on disk is still the original; name the other side for what it is.

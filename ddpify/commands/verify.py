@@ -23,6 +23,10 @@ N times its batch; the LR may be scaled by N or sqrt(N)); global = each process 
 and the same LR. Default: what the converted script's `# ddpify: ...` comments say, else
 inferred from its batch size.
 
+When the migration fixed a bug that changes the numbers (scaler.unscale_ before clipping,
+DDP044; sampler.set_epoch, DDP022), the original runs with ddpify's own fix for it applied, on
+a temporary copy, and the notes say so; --no-fix-original compares with the original as it is.
+
 exit status: 0 match, 1 mismatch, 2 could not run or inconclusive.
 """
 
@@ -61,6 +65,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--timeout", type=positive, default=300.0, help="seconds allowed for each run (300)"
+    )
+    parser.add_argument(
+        "--no-fix-original",
+        action="store_true",
+        help="run the original as it is, without the number-changing fixes the migration made",
     )
     parser.add_argument("--output-format", choices=["full", "json"], default="full")
     parser.set_defaults(run=run, script_args=[])
@@ -167,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         atol=args.atol,
         timeout=args.timeout,
+        fixed_codes=() if args.no_fix_original else None,
     )
     if markers is not None and markers.lines:
         result.notes.append("migration markers read: " + " | ".join(markers.lines))

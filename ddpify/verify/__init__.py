@@ -28,9 +28,29 @@ Batch policy and learning rate:
 - "auto" (the CLI's default when the converted script carries no ddpify marker): whichever of
   the two the converted script's first DataLoader batch size fits.
 
-Randomness: dropout is switched off in both runs (its masks cannot be made equal across 1 and
-N processes). Random numbers drawn by the data pipeline or between steps, BatchNorm without
-SyncBatchNorm and sum-reduced losses make the result inconclusive (exit 2), never a pass.
+Randomness: both runs start from one seed, so their generators stay in step as long as they
+draw the same numbers. A draw in the training loop with the per-process batch size in one
+dimension (`torch.randn(batch, z_dim)`, `rand`, the `*_like` forms, dropout masks, attention
+dropout inside nn.MultiheadAttention) is made whole on every rank, at the single process's
+shape, and each rank keeps the rows of its own samples; the original must have made exactly
+those draws from the same generator state, else the result is inconclusive. Alpha dropout is
+switched off. Other random numbers drawn by the data pipeline or between steps, and
+sum-reduced losses, make the result inconclusive (exit 2), never a pass.
+
+BatchNorm: in training mode both runs compute batch statistics with the same Python code; the
+converted run all-reduces them across the ranks (SyncBatchNorm's math, autograd included) for
+SyncBatchNorm modules, and on CPU for plain BatchNorm when the script converts to SyncBatchNorm
+on CUDA only (as `ddpify migrate` writes it). A conversion without SyncBatchNorm keeps each
+rank's own statistics, and the mismatch it causes names that cause.
+
+Fixed bugs: the original runs with the number-changing fixes the migration made (unscale_
+before clipping, set_epoch), applied by ddpify's own rule fixes to a temporary copy
+(original_fixes.py), and the notes say which.
+
+Devices: a GPU per process, the scripts run as they are (nccl). Fewer GPUs than processes (one
+H100, two ranks): the ranks share them, LOCAL_RANK mapped onto the GPUs there are and the
+process group on gloo over CUDA tensors (NCCL refuses two ranks on one device), so the GPU and
+AMP paths are compared too. No GPU: CPU, said in the notes.
 
 Exit codes: 0 match, 1 mismatch, 2 could not run or inconclusive.
 """

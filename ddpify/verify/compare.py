@@ -11,8 +11,11 @@ and after the last step the weights, against the original's and across ranks.
 
 Learning rate, data, batch size, initial weights and rank disagreement are mismatches whatever
 else happened. A gradient or final-weight difference is a mismatch unless something recorded
-makes the comparison inconclusive (BatchNorm statistics, sum-reduced losses, random numbers
-in the data or the loop, data order the probe could not align).
+makes the comparison inconclusive (sum-reduced losses, random numbers in the data or the loop
+that the probe could not align, data order the probe could not align). What the probe knows
+about a difference (BatchNorm with per-rank statistics, clipping of still-scaled gradients)
+is named in the finding, so a constant factor is blamed on the number of processes only when
+it is that number.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ TOLERANCES = {  # (rtol, atol): torch.testing.assert_close's defaults per dtype
 }
 AMP_TOLERANCES = {"float16": (1e-2, 1e-3), "bfloat16": (5e-2, 1e-2)}
 DATA_RTOL = 1e-6
+MAX_DRAWS_COMPARED = 5000  # the probe records at most this many draws
+# A gradient this small against the step's largest is rounding (a bias before BatchNorm).
+ROUNDING_SHARE = 1e-5
 
 
 @dataclass
@@ -63,7 +69,9 @@ class Comparison:
     inconclusive: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)  # known reasons the gradients may differ
     tolerance: tuple[float, float] = (1.3e-6, 1e-5)
+    nproc: int = 1
 
     @property
     def first_mismatch(self) -> Finding | None:
@@ -150,7 +158,7 @@ def compare_runs(
     rtol: float | None = None,
     atol: float | None = None,
 ) -> Comparison:
-    result = Comparison()
+    result = Comparison(nproc=nproc)
     rtol, atol, label = tolerance_for(original, converted, rtol, atol)
     result.tolerance = (rtol, atol)
     result.notes.append(f"tolerance ({label})")
@@ -184,11 +192,20 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
         return next((r["flags"][name] for r in records if r["flags"].get(name)), None)
 
     both = [original, *converted]
-    if nproc > 1 and any_flag("batch_norm", converted):
-        result.inconclusive.append(
-            "BatchNorm in training mode without SyncBatchNorm: each process normalises with its "
-            "own batch statistics, so the gradients legitimately differ from the original's "
-            "(SyncBatchNorm needs CUDA)"
+    read_batch_norm_flags(any_flag, converted, nproc, result)
+    read_draws(original, converted, result)
+    clipped = any_flag("clip_scaled", [original])
+    if clipped and not any_flag("clip_scaled", converted):
+        result.causes.append(
+            f"the original calls {clipped} on gradients its GradScaler still scales (no "
+            "scaler.unscale_ first, DDP044) and the converted script on unscaled ones"
+        )
+    shared = any_flag("shared_gpus", converted)
+    if shared:
+        result.notes.append(
+            f"fewer GPUs than processes: the {nproc} ranks share the GPU(s), LOCAL_RANK mapped "
+            f"onto them, collectives on gloo over CUDA tensors ({shared}; NCCL refuses two "
+            "ranks on one device)"
         )
     loss = any_flag("sum_loss", both)
     if loss:
@@ -209,11 +226,11 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
     sampler = any_flag("unaligned_sampler", both)
     if sampler:
         result.inconclusive.append(f"data order could not be aligned: {sampler}")
-    dropout = any_flag("dropout", both)
+    dropout = any_flag("dropout_off", both)
     if dropout:
         result.notes.append(
-            "dropout switched off in both runs (its masks cannot be made equal across 1 and N "
-            "processes)"
+            "alpha dropout (or dropout on an input layout the probe does not know) switched off "
+            "in both runs"
         )
     amp = any_flag("amp", both)
     if amp:
@@ -225,6 +242,65 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
                 f"optimizer {index} ({info['class']}): the original's learning rate was "
                 f"multiplied by {scale:g} to match the migration's LR scaling"
             )
+
+
+def read_batch_norm_flags(any_flag, converted: list[dict], nproc: int, result) -> None:
+    if nproc < 2:
+        return
+    synced = any_flag("sync_bn", converted)
+    if synced == "emulated":
+        result.notes.append(
+            "BatchNorm statistics all-reduced across the processes by the probe (SyncBatchNorm's "
+            "math, gradients included): the converted script converts to SyncBatchNorm on CUDA "
+            "only, and this run is on CPU"
+        )
+    elif synced:
+        result.notes.append(
+            "SyncBatchNorm computed by the probe (the same math, batch statistics all-reduced "
+            "with autograd), in both runs the same Python implementation"
+        )
+    if any_flag("local_bn", converted):
+        result.causes.append(
+            "BatchNorm without SyncBatchNorm: each process normalises with the statistics of "
+            "its own part of the batch, the original with those of the whole batch (convert "
+            "with nn.SyncBatchNorm.convert_sync_batchnorm before the DDP wrap, DDP030)"
+        )
+
+
+def read_draws(original: dict, converted: list[dict], result: Comparison) -> None:
+    """The original must have drawn, in order, the whole draws the ranks sliced theirs from."""
+    ours, theirs = original.get("draws", []), converted[0].get("draws", [])
+    sliced = sum(1 for draw in theirs if draw[2] is not None)
+    if not sliced:
+        return
+    states = [r.get("draws", []) for r in converted]
+    for index, (mine, their) in enumerate(zip(ours, theirs)):
+        if list(mine[1]) == list(their[1]) and any(
+            index < len(rank) and rank[index][3] != mine[3] for rank in states
+        ):
+            result.inconclusive.append(
+                f"random draws could not be aligned: at draw {index + 1} ({their[0]}) the "
+                "converted run's random generator is not in the original's state (seeded "
+                "differently, per rank?), so its noise and dropout masks are other numbers"
+            )
+            return
+        if list(mine[1]) != list(their[1]):
+            result.inconclusive.append(
+                f"random draws could not be aligned: draw {index + 1} ({their[0]}) was "
+                f"{tuple(their[1])} in the converted run (sliced along dim {their[2]}), "
+                f"{tuple(mine[1])} in the original"
+            )
+            return
+    if len(ours) != len(theirs) and min(len(ours), len(theirs)) < MAX_DRAWS_COMPARED:
+        result.inconclusive.append(
+            f"random draws could not be aligned: the original made {len(ours)}, the converted "
+            f"run {len(theirs)}"
+        )
+        return
+    result.notes.append(
+        f"{sliced} random draw(s) in the training loop (noise, dropout masks) given to each "
+        "process as its slice of the single process's draw"
+    )
 
 
 def training_loader(record: dict) -> dict | None:
@@ -298,12 +374,7 @@ def step_checks(key, ours, theirs, original, converted, rtol, atol, result) -> N
             f"gradients differ from the original's ({diff.failing} parameter(s), "
             f"first {diff.first_failing}, max abs {diff.max_abs:.3g})"
         )
-        factor = constant_factor(grads[0], ours["grads"])
-        if factor is not None:
-            message += (
-                f"; they are {factor:.4g}x the original's (a loss or gradient scaled by "
-                "the number of processes?)"
-            )
+        message += explain(constant_factor(grads[0], ours["grads"]), result)
         result.gradient_findings.append(Finding(step, "gradients", diff.first_failing, message))
 
 
@@ -384,6 +455,16 @@ def final_checks(original, converted, keys, rtol, atol, result) -> None:
         names = original["names"].get(optimizer) or []
         finals = [r["final"][optimizer] for r in converted]
         check_ranks(last, f"weights after step {last}", names, finals, rtol, atol, result)
+        flat = zero_gradient_parameters(original, optimizer, atol)
+        if flat:
+            result.notes.append(
+                f"weights of {', '.join(names[i] for i in flat[:4])}"
+                f"{' ...' if len(flat) > 4 else ''} not compared after the last step: their "
+                "gradients are zero up to rounding (a bias before BatchNorm?), and an adaptive "
+                "optimizer such as Adam turns rounding into full-size steps"
+            )
+            finals = [[None if i in flat else t for i, t in enumerate(f)] for f in finals]
+            params = [None if i in flat else t for i, t in enumerate(params)]
         diff = list_diff(names, finals[0], params, rtol, atol)
         result.rows.append(row(last, f"weights after step {last}", diff, optimizer))
         if not diff.ok:
@@ -396,6 +477,40 @@ def final_checks(original, converted, keys, rtol, atol, result) -> None:
                     f"{diff.first_failing})",
                 )
             )
+
+
+def explain(factor: float | None, result: Comparison) -> str:
+    """What is known about a gradient difference; the process count only when it fits."""
+    parts = [f"; {cause}" for cause in result.causes]
+    if factor is not None:
+        text = f"; they are {factor:.4g}x the original's"
+        n = result.nproc
+        if n > 1 and any(abs(factor - c) < 1e-3 * c for c in (n, 1 / n, math.sqrt(n), n**-0.5)):
+            text += " (a loss or gradient scaled by the number of processes?)"
+        parts.append(text)
+    return "".join(parts)
+
+
+def zero_gradient_parameters(original: dict, optimizer: int, atol: float) -> list[int]:
+    """Indices of the parameters whose gradients are zero up to rounding at every step: within
+    atol, and below ROUNDING_SHARE of the step's largest gradient."""
+    steps = [s["grads"] for s in original["steps"] if s["optimizer"] == optimizer]
+    if not steps:
+        return []
+    flat = []
+    for index in range(len(steps[0])):
+        noise = [is_rounding_noise(step, index, atol) for step in steps if index < len(step)]
+        if all(noise) and any(step[index] is not None for step in steps):
+            flat.append(index)
+    return flat
+
+
+def is_rounding_noise(grads: list, index: int, atol: float) -> bool:
+    def largest(g) -> float:
+        return float(g.abs().max()) if g is not None and g.numel() else 0.0
+
+    mine = largest(grads[index])
+    return mine <= atol and mine <= ROUNDING_SHARE * max(largest(g) for g in grads)
 
 
 def constant_factor(actual: list, expected: list) -> float | None:

@@ -10,17 +10,30 @@ What it does to the run (the same in both runs unless said otherwise):
   the original's batch size is multiplied by N under the per-rank policy;
 - RandomSampler and DistributedSampler(shuffle=True) draw from one canonical permutation per
   epoch, so the N ranks' step-i batches together are the original's step-i batch;
-- dropout is switched off (the masks of one process and of N cannot be made equal);
+- random draws in the training loop (`torch.randn(batch, z)`, `rand`, the `*_like` forms, the
+  masks of dropout, dropout1d/2d/3d and attention dropout) are made equal across 1 and N
+  processes: each draw is made whole, at the single process's shape, and every rank keeps its
+  slice along the batch dimension (see RandomDraws); alpha dropout is switched off;
+- BatchNorm in training mode computes its batch statistics in Python in both runs; in the
+  converted run they are all-reduced across the ranks (SyncBatchNorm's math, autograd included)
+  for SyncBatchNorm modules, and for plain BatchNorm on CPU when the script converts to
+  SyncBatchNorm on CUDA only; other BatchNorm keeps each rank's own statistics;
+- with fewer GPUs than processes ($DDPIFY_VERIFY_SHARE_GPUS), every rank's LOCAL_RANK is
+  mapped onto the GPUs there are and nccl is replaced by gloo (NCCL refuses two ranks on one
+  device; gloo runs collectives on CUDA tensors);
 - the original's learning rate is multiplied by the migration's LR scale for each step;
 - records initial weights, gradients before every optimizer step, and weights after K steps,
   then stops the script with SystemExit(0) on every rank (all ranks reach step K together);
-- notes what makes a comparison inconclusive: BatchNorm batch statistics, sum-reduced losses,
-  random numbers drawn by the data pipeline or the training loop, autocast.
+- notes what makes a comparison inconclusive or explains a difference: sum-reduced losses,
+  random numbers drawn by the data pipeline or the loop outside the draws above, autocast,
+  BatchNorm with per-rank statistics, clip_grad_norm_ on gradients a GradScaler still scales.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import inspect
 import json
 import math
 import os
@@ -45,14 +58,23 @@ SUM_REDUCED_LOSSES = (
     "binary_cross_entropy_with_logits",
     "kl_div",
 )
-DROPOUTS = (
-    "dropout",
-    "dropout1d",
-    "dropout2d",
-    "dropout3d",
-    "alpha_dropout",
-    "feature_alpha_dropout",
-)
+# Dropout whose mask keeps or drops whole channels: the dims of the input it takes as batched
+# (None: dropout2d takes every input as batched; see feature_mask_shape).
+FEATURE_DROPOUTS = {"dropout1d": 3, "dropout2d": None, "dropout3d": 5}
+SWITCHED_OFF_DROPOUTS = ("alpha_dropout", "feature_alpha_dropout")
+MAX_DRAWS_RECORDED = 5000
+SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"
+SYNC_BN_NAMES = ("SyncBatchNorm", "convert_sync_batchnorm")
+# numpy.random's global draws and the position of their `size` argument.
+NUMPY_SIZED_DRAWS = {
+    "normal": 2,
+    "uniform": 2,
+    "randint": 2,
+    "standard_normal": 0,
+    "random": 0,
+    "random_sample": 0,
+}
+NUMPY = "numpy"  # the device of numpy's global generator, for RandomDraws
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -88,8 +110,12 @@ class Probe:
             "final": {},
             "names": {},
             "flags": {},
+            "draws": [],
         }
         self.written = False
+        self.draws = RandomDraws(self)
+        self.script_converts_sync_bn = False
+        self.scaled_grads_pending = False
 
     # -- flags ---------------------------------------------------------------------------------
 
@@ -104,10 +130,80 @@ class Probe:
 
     def install(self) -> None:
         self.seed_everything()
+        self.share_gpus()
         self.patch_data()
+        self.draws.patch(self.torch)
+        self.draws.patch_numpy()
         self.patch_functional()
         self.patch_autocast()
+        self.patch_grad_scaler()
         self.patch_optimizers()
+
+    def share_gpus(self) -> None:
+        """Fewer GPUs than ranks: map LOCAL_RANK onto them and run the collectives on gloo."""
+        gpus = int(os.environ.get(SHARE_GPUS_ENV, "0") or 0)
+        if self.role != "converted" or gpus < 1:
+            return
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        os.environ["LOCAL_RANK"] = str(local % gpus)
+        dist = self.torch.distributed
+        init = dist.init_process_group
+        probe = self
+
+        signature = inspect.signature(init)
+
+        def init_process_group(*args, **kwargs):
+            arguments = signature.bind_partial(*args, **kwargs).arguments
+            asked = arguments.get("backend")
+            arguments["backend"] = "gloo"
+            arguments.pop("device_id", None)  # binds the group to one device, for NCCL
+            probe.flag("shared_gpus", f"{asked or 'default'} -> gloo")
+            return init(**arguments)
+
+        dist.init_process_group = init_process_group
+
+    def check_rng(self) -> None:
+        """Flag a draw outside the aligned ones since the last look at the generators."""
+        if self.rng_changed(self.rng_checkpoint, self.rng_state()):
+            self.flag("loop_rng")
+
+    def rng_drawn(self) -> None:
+        """An aligned draw moved the generators: that much movement is expected."""
+        if self.rng_checkpoint is not None:
+            self.rng_checkpoint = self.rng_state()
+
+    def patch_grad_scaler(self) -> None:
+        """Notice clip_grad_norm_ on gradients a GradScaler still scales (no unscale_)."""
+        import torch.nn.utils as utils
+        from torch.amp import GradScaler
+        from torch.nn.utils import clip_grad
+
+        probe = self
+        scale, unscale = GradScaler.scale, GradScaler.unscale_
+
+        def watched_scale(self, outputs):
+            if self.is_enabled():
+                probe.scaled_grads_pending = True
+            return scale(self, outputs)
+
+        def watched_unscale(self, optimizer):
+            probe.scaled_grads_pending = False
+            return unscale(self, optimizer)
+
+        GradScaler.scale, GradScaler.unscale_ = watched_scale, watched_unscale
+
+        def watch_clip(clip):
+            def clipped(*args, **kwargs):
+                if probe.scaled_grads_pending:
+                    probe.flag("clip_scaled", clip.__name__)
+                return clip(*args, **kwargs)
+
+            return clipped
+
+        for name in ("clip_grad_norm_", "clip_grad_value_"):
+            watched = watch_clip(getattr(clip_grad, name))
+            setattr(clip_grad, name, watched)
+            setattr(utils, name, watched)
 
     def seed_everything(self) -> None:
         random.seed(SEED)
@@ -119,7 +215,8 @@ class Probe:
         numpy = sys.modules.get("numpy")
         state = [self.torch.get_rng_state(), random.getstate()]
         if numpy is not None:
-            state.append(repr(numpy.random.get_state()[1][:4].tolist()))
+            _, key, position, *_ = numpy.random.get_state()
+            state.append((key[:4].tolist(), position))
         return state
 
     def rng_changed(self, before, after) -> bool:
@@ -130,8 +227,6 @@ class Probe:
         return before[1:] != after[1:]
 
     def patch_data(self) -> None:
-        import inspect
-
         from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
         from torch.utils.data import dataloader as dataloader_module
 
@@ -261,6 +356,7 @@ class Probe:
         tensor = first_tensor(batch, self.torch)
         if tensor is None or tensor.dim() == 0:
             return
+        self.draws.rows = int(tensor.shape[0])
         values = tensor.detach().double().cpu()
         stats = self.pending_data.setdefault(loader_index, [0.0, 0.0, 0.0])
         stats[0] += values.shape[0]
@@ -271,29 +367,45 @@ class Probe:
         import torch.nn.functional as F
 
         probe = self
+        draws = self.draws
 
-        def no_dropout(original):
+        def switched_off(original):
             def dropout(input, p=0.5, training=True, inplace=False):
                 if training and p > 0:
-                    probe.count("dropout")
+                    probe.count("dropout_off")
                     return input
                 return original(input, p, training, inplace)
 
             return dropout
 
-        for name in DROPOUTS:
+        for name in SWITCHED_OFF_DROPOUTS:
             if hasattr(F, name):
-                setattr(F, name, no_dropout(getattr(F, name)))
+                setattr(F, name, switched_off(getattr(F, name)))
 
-        batch_norm = F.batch_norm
+        def aligned_dropout(original, batched_dims):
+            def dropout(input, p=0.5, training=True, inplace=False):
+                if not training or p <= 0 or p >= 1:
+                    return original(input, p, training, inplace)
+                mask_shape = feature_mask_shape(input, batched_dims)
+                if mask_shape is None:  # an input layout the mask is not known for
+                    probe.count("dropout_off")
+                    return input
+                probe.count("dropout")
+                keep = draws.uniform(mask_shape, input.device, "dropout") >= p
+                mask = keep.to(input.dtype) / (1 - p)
+                return input.mul_(mask) if inplace else input * mask
 
-        def watched_batch_norm(input, running_mean, running_var, *args, **kwargs):
-            training = kwargs.get("training", args[2] if len(args) > 2 else False)
-            if training or running_mean is None:
-                probe.flag("batch_norm")
-            return batch_norm(input, running_mean, running_var, *args, **kwargs)
+            return dropout
 
-        F.batch_norm = watched_batch_norm
+        F.dropout = aligned_dropout(F.dropout, 0)
+        for name, batched_dims in FEATURE_DROPOUTS.items():
+            if hasattr(F, name):
+                setattr(F, name, aligned_dropout(getattr(F, name), batched_dims))
+        if hasattr(F, "scaled_dot_product_attention"):
+            F.scaled_dot_product_attention = self.attention_with_aligned_dropout(
+                F.scaled_dot_product_attention
+            )
+        self.patch_batch_norm(F)
 
         def watch_reduction(name, loss):
             def watched(*args, **kwargs):
@@ -306,6 +418,86 @@ class Probe:
         for name in SUM_REDUCED_LOSSES:
             if hasattr(F, name):
                 setattr(F, name, watch_reduction(name, getattr(F, name)))
+
+    def attention_with_aligned_dropout(self, fused):
+        """scaled_dot_product_attention written out when it drops out, so its mask is aligned.
+
+        nn.MultiheadAttention calls it (need_weights=False) or F.dropout (need_weights=True),
+        both through torch.nn.functional's globals, so both paths come here.
+        """
+        torch = self.torch
+        F = torch.nn.functional
+
+        def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+            if dropout_p <= 0:
+                return fused(query, key, value, attn_mask, dropout_p, is_causal, **kw)
+            scale = kw.get("scale")
+            if kw.get("enable_gqa"):
+                repeat = query.size(-3) // key.size(-3)
+                key = key.repeat_interleave(repeat, -3)
+                value = value.repeat_interleave(repeat, -3)
+            scale = 1 / math.sqrt(query.size(-1)) if scale is None else scale
+            weights = query @ key.transpose(-2, -1) * scale
+            length, source = query.size(-2), key.size(-2)
+            if is_causal:
+                causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+                weights = weights.masked_fill(~causal, float("-inf"))
+            if attn_mask is not None:
+                if attn_mask.dtype == torch.bool:
+                    weights = weights.masked_fill(~attn_mask, float("-inf"))
+                else:
+                    weights = weights + attn_mask
+            weights = F.dropout(torch.softmax(weights, dim=-1), p=dropout_p)
+            return weights @ value
+
+        return attention
+
+    # -- BatchNorm -----------------------------------------------------------------------------
+
+    def patch_batch_norm(self, F) -> None:
+        from torch.nn.modules.batchnorm import SyncBatchNorm, _BatchNorm
+
+        probe = self
+        native = F.batch_norm
+        self.sync_depth = 0
+
+        def batch_norm(input, running_mean, running_var, weight=None, bias=None, *args, **kw):
+            training, momentum, eps = batch_norm_options(args, kw)
+            if not training and running_mean is not None:
+                return native(input, running_mean, running_var, weight, bias, *args, **kw)
+            probe.flag("batch_norm")
+            sync = probe.sync_batch_norm(input)
+            return python_batch_norm(
+                probe.torch, input, running_mean, running_var, weight, bias, momentum, eps, sync
+            )
+
+        F.batch_norm = batch_norm
+
+        def sync_forward(module, input):
+            # SyncBatchNorm's own path needs CUDA; its math is done by batch_norm above.
+            probe.sync_depth += 1
+            try:
+                return _BatchNorm.forward(module, input)
+            finally:
+                probe.sync_depth -= 1
+
+        SyncBatchNorm.forward = sync_forward
+
+    def sync_batch_norm(self, input) -> bool:
+        """Whether this batch-statistics BatchNorm call all-reduces its statistics."""
+        dist = self.torch.distributed
+        if self.role != "converted" or not (dist.is_available() and dist.is_initialized()):
+            return False
+        if dist.get_world_size() < 2:
+            return False
+        if self.sync_depth:
+            self.flag("sync_bn", "SyncBatchNorm")
+            return True
+        if input.device.type == "cpu" and self.script_converts_sync_bn:
+            self.flag("sync_bn", "emulated")
+            return True
+        self.flag("local_bn")
+        return False
 
     def patch_autocast(self) -> None:
         from torch.amp import autocast_mode
@@ -347,8 +539,7 @@ class Probe:
         index = getattr(opt, "_ddpify_index", None)
         if index is None:
             return
-        if self.rng_changed(self.rng_checkpoint, self.rng_state()):
-            self.flag("loop_rng")
+        self.check_rng()
         step = opt._ddpify_steps + 1
         if step == 1:
             self.record["initial"][index] = [snapshot(p) for p in self.params(opt)]
@@ -404,6 +595,7 @@ class Probe:
             if "_ddpify_native_lr" in group:
                 group["lr"] = group.pop("_ddpify_native_lr")
         opt._ddpify_steps += 1
+        self.scaled_grads_pending = False
         self.rng_checkpoint = self.rng_state()
         if index == 0 and opt._ddpify_steps >= self.steps_wanted:
             for optimizer in self.optimizers:
@@ -442,6 +634,226 @@ class Probe:
             "batch_sizes": [loader["batch_size"] for loader in self.loaders],
             "first_lrs": [first_lrs.get(i, []) for i in range(len(self.optimizers))],
         }
+
+
+class RandomDraws:
+    """Random draws made equal across 1 and N processes: each rank draws the whole, keeps a slice.
+
+    Every process starts from the same seed, so the generators stay in step as long as each
+    process draws the same numbers. A draw with the current per-process batch size `rows` in
+    one dimension is made at `world` times that size there, which is the single process's
+    draw, and rank r keeps the rows of its samples (see rank_part). Before the first batch
+    nothing is sliced. Each draw's whole shape is recorded; compare.py checks the original drew
+    exactly those shapes in that order, so a wrong guess of the batch dimension reads as
+    inconclusive, never a pass.
+    """
+
+    def __init__(self, probe) -> None:
+        self.probe = probe
+        self.native = {name: getattr(probe.torch, name) for name in ("rand", "randn")}
+        self.rows: int | None = None  # the leading size of the last training batch
+        self.record: list = probe.record["draws"]
+        self.sliced = 0
+
+    def batch_dim(self, shape, kind: str) -> int | None:
+        rows, world = self.rows, self.probe.world
+        if not rows or world < 2 or self.probe.role != "converted":
+            return None
+        exact = [d for d, size in enumerate(shape) if size == rows]
+        if len(exact) == 1 or (exact and kind != "dropout"):
+            return exact[0]
+        # Attention weights are (batch * heads, L, S): the batch leads, as a multiple.
+        if kind == "dropout" and shape and shape[0] % rows == 0:
+            return 0
+        return None
+
+    def fingerprint(self, device) -> str:
+        """The generator's state before a draw: equal in both runs when they are in step."""
+        if device is NUMPY:
+            _, key, position, *_ = sys.modules["numpy"].random.get_state()
+            return hashlib.blake2b(key.tobytes() + bytes(str(position), "ascii")).hexdigest()[:16]
+        torch = self.probe.torch
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "cuda":
+            state = torch.cuda.get_rng_state(device)
+        else:
+            state = torch.get_rng_state()
+        return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+
+    def draw(self, make, shape, kind: str, device=None):
+        """`make(full_shape)` draws; returns this rank's part of the single process's draw."""
+        probe = self.probe
+        shape = tuple(int(size) for size in shape)
+        dim = self.batch_dim(shape, kind)
+        full = list(shape)
+        if dim is not None:
+            full[dim] *= probe.world
+        probe.check_rng()
+        state = self.fingerprint(device)
+        tensor = make(tuple(full))
+        probe.rng_drawn()
+        if len(self.record) < MAX_DRAWS_RECORDED:
+            self.record.append([kind, full, dim, state])
+        if dim is None:
+            return tensor
+        self.sliced += 1
+        probe.record["flags"]["sliced_draws"] = self.sliced
+        return self.rank_part(tensor, dim, shape[dim])
+
+    def rank_part(self, tensor, dim: int, size: int):
+        """Rank r's rows of the whole draw. The DistributedSampler deals samples out in turn
+        (rank r gets samples r, r + N, ...), so row j of the single process's batch is row
+        j // N of rank j % N; a dim of `rows * m` (batch times heads) keeps its m together.
+        Works on tensors and on numpy arrays."""
+        probe, rows = self.probe, self.rows
+        shape = list(tensor.shape)
+        split = shape[:dim] + [rows, probe.world, size // rows] + shape[dim + 1 :]
+        grouped = tensor.reshape(split)
+        if isinstance(tensor, probe.torch.Tensor):
+            part = grouped.select(dim + 1, probe.rank)
+            return part.reshape(shape[:dim] + [size] + shape[dim + 1 :]).contiguous()
+        part = grouped.take(probe.rank, axis=dim + 1)
+        return part.reshape(shape[:dim] + [size] + shape[dim + 1 :]).copy()
+
+    def patch_numpy(self) -> None:
+        """numpy.random's global draws (`np.random.normal(0, 1, (batch, z))`), sliced alike."""
+        numpy = sys.modules.get("numpy")
+        if numpy is None:
+            return
+        for name, position in NUMPY_SIZED_DRAWS.items():
+            native = getattr(numpy.random, name, None)
+            if native is not None:
+                setattr(numpy.random, name, self.numpy_draw(numpy, native, name, position))
+
+    def numpy_draw(self, numpy, native, name: str, position: int):
+        def draw(*args, **kwargs):
+            size = kwargs.pop("size", args[position] if len(args) > position else None)
+            args = args[:position]
+            params = list(args) + [v for k, v in kwargs.items() if k != "dtype"]
+            if size is None or any(numpy.ndim(p) for p in params):
+                return native(*args, size=size, **kwargs)  # a scalar, or per-element params
+            shape = (size,) if isinstance(size, int) else tuple(size)
+            made = self.draw(lambda full: native(*args, size=full, **kwargs), shape, name, NUMPY)
+            return made
+
+        return draw
+
+    def uniform(self, shape, device, kind: str):
+        rand = self.native["rand"]
+        return self.draw(lambda full: rand(full, device=device), shape, kind, device)
+
+    def patch(self, torch) -> None:
+        """torch.randn/rand/randint and randn_like/rand_like; other draws stay the script's own."""
+        for name in ("randn", "rand"):
+            setattr(torch, name, self.creation(getattr(torch, name), name))
+        for name in ("randn_like", "rand_like"):
+            maker = self.native[name.removesuffix("_like")]
+            setattr(torch, name, self.like(getattr(torch, name), maker, name))
+        torch.randint = self.randint(torch.randint)
+
+    def randint(self, native):
+        """torch.randint([low,] high, size): the size is the last positional or `size=`."""
+
+        def draw(*args, **kwargs):
+            if "size" in kwargs:
+                size = kwargs.pop("size")
+            elif args and not isinstance(args[-1], int):
+                size, args = args[-1], args[:-1]
+            else:
+                return native(*args, **kwargs)
+            if kwargs.get("generator") is not None or kwargs.get("out") is not None:
+                return native(*args, size, **kwargs)
+            grad = kwargs.pop("requires_grad", False)
+            device = kwargs.get("device")
+            tensor = self.draw(lambda full: native(*args, full, **kwargs), size, "randint", device)
+            return tensor.requires_grad_(True) if grad else tensor
+
+        return draw
+
+    def creation(self, native, name: str):
+        def draw(*size, **kwargs):
+            if kwargs.get("generator") is not None or kwargs.get("out") is not None:
+                return native(*size, **kwargs)
+            shape = size[0] if len(size) == 1 and not isinstance(size[0], int) else size
+            if "size" in kwargs:
+                shape = kwargs.pop("size")
+            grad = kwargs.pop("requires_grad", False)
+            device = kwargs.get("device")
+            tensor = self.draw(lambda full: native(full, **kwargs), shape, name, device)
+            return tensor.requires_grad_(True) if grad else tensor
+
+        return draw
+
+    def like(self, native, maker, name: str):
+        def draw(input, **kwargs):
+            if kwargs.get("generator") is not None or kwargs.get("layout") is not None:
+                return native(input, **kwargs)
+            grad = kwargs.pop("requires_grad", False)
+            kwargs.pop("memory_format", None)
+            kwargs.setdefault("dtype", input.dtype)
+            kwargs.setdefault("device", input.device)
+            device = kwargs["device"]
+            tensor = self.draw(lambda full: maker(full, **kwargs), input.shape, name, device)
+            return tensor.requires_grad_(True) if grad else tensor
+
+        return draw
+
+
+def feature_mask_shape(input, batched_dims):
+    """The shape of a dropout mask, as torch draws it: the input's for plain dropout
+    (`batched_dims` 0); (N, C, 1, ...) for channel dropout of a batched input. dropout1d and
+    dropout3d take any other input as one sample, channels first (mask (C, 1, ...));
+    dropout2d (`batched_dims` None) takes any input as batched, so on (N, C) it is
+    element-wise."""
+    dims = input.dim()
+    if batched_dims == 0:
+        return tuple(input.shape)
+    if dims < 2:
+        return None
+    if batched_dims is None or dims == batched_dims:
+        return tuple(input.shape[:2]) + (1,) * (dims - 2)
+    return tuple(input.shape[:1]) + (1,) * (dims - 1)
+
+
+def batch_norm_options(args, kwargs) -> tuple[bool, float, float]:
+    """(training, momentum, eps) from F.batch_norm's arguments after weight and bias."""
+    names = ("training", "momentum", "eps")
+    values = dict(zip(names, args))
+    values.update({k: v for k, v in kwargs.items() if k in names})
+    return bool(values.get("training", False)), values.get("momentum", 0.1), values.get("eps", 1e-5)
+
+
+def python_batch_norm(torch, input, running_mean, running_var, weight, bias, momentum, eps, sync):
+    """Batch normalisation with batch statistics, optionally summed over all ranks (autograd
+    through the all-reduce: SyncBatchNorm's math). Two passes, mean then variance."""
+    from torch.distributed.nn.functional import all_reduce
+
+    def total(tensor):
+        return all_reduce(tensor) if sync else tensor
+
+    x = input.float()
+    dims = [0, *range(2, x.dim())]
+    shape = [1, x.size(1)] + [1] * (x.dim() - 2)
+    count = torch.tensor([x.numel() / x.size(1)], dtype=torch.float64, device=x.device)
+    if sync:
+        torch.distributed.all_reduce(count)
+    n = float(count.item())
+    mean = total(x.sum(dims)) / n
+    centred = x - mean.reshape(shape)
+    var = total((centred * centred).sum(dims)) / n
+    out = centred * torch.rsqrt(var + eps).reshape(shape)
+    if weight is not None:
+        out = out * weight.float().reshape(shape)
+    if bias is not None:
+        out = out + bias.float().reshape(shape)
+    if running_mean is not None and momentum is not None:
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_(
+                mean.detach().to(running_mean.dtype), alpha=momentum
+            )
+            unbiased = var.detach() * (n / max(n - 1, 1))
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+    return out.to(input.dtype)
 
 
 def first_tensor(batch, torch):
@@ -508,6 +920,21 @@ def strip_wrappers(name: str) -> str:
     return name
 
 
+def mentions_sync_batch_norm(path: str) -> bool:
+    """Whether the script's code (not its comments or strings) names SyncBatchNorm or
+    convert_sync_batchnorm: migrate writes the conversion under a CUDA guard."""
+    import tokenize
+
+    try:
+        with open(path, "rb") as handle:
+            for token in tokenize.tokenize(handle.readline):
+                if token.type == tokenize.NAME and token.string in SYNC_BN_NAMES:
+                    return True
+    except (OSError, SyntaxError, tokenize.TokenError):
+        return False
+    return False
+
+
 def die_with_parent() -> None:
     """Under torchrun the workers live in their own sessions; make them die with the agent."""
     if not sys.platform.startswith("linux"):
@@ -542,6 +969,7 @@ def main() -> int:
     open(os.path.join(pid_dir, str(os.getpid())), "w").close()
     script, argv = sys.argv[1], sys.argv[2:]
     probe = Probe(config)
+    probe.script_converts_sync_bn = mentions_sync_batch_norm(script)
     probe.install()
     try:
         run_script(script, argv, config.get("display_path") or script)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ddpify.verify.compare import Comparison, compare_runs
 from ddpify.verify.launcher import RunOutcome, launch, probe_command, probe_environment
+from ddpify.verify.original_fixes import fix_original
 from ddpify.verify.report import (
     EXIT_COULD_NOT_RUN,
     EXIT_MATCH,
@@ -22,6 +23,7 @@ from ddpify.verify.report import (
 )
 
 BATCH_POLICIES = ("per-rank", "global", "auto")
+SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"  # read by the probe
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -45,12 +47,16 @@ def run_verify(
     timeout: float = DEFAULT_TIMEOUT,
     cwd: Path | None = None,
     converted_source: str | None = None,
+    fixed_codes: Sequence[str] | None = None,
 ) -> VerifyResult:
     """Run ORIGINAL on one process and CONVERTED on `nproc`, compare `steps` optimizer steps.
 
     `timeout` applies to each of the two runs. `converted_source`, when given, is run in place
     of the file's contents (the file need not exist; its directory is the script's directory),
-    which lets `migrate --verify` check a migration before writing it.
+    which lets `migrate --verify` check a migration before writing it. `fixed_codes` is the
+    migration's record of the codes it fixed (`MigrationResult.fixed_codes`); when None it is
+    recomputed from the original. The original runs with the number-changing ones of those
+    fixes applied (see original_fixes.py).
     """
     original, converted = Path(original), Path(converted)
     if batch_policy not in BATCH_POLICIES:
@@ -77,7 +83,8 @@ def run_verify(
         session = Session(Path(work), Path(cwd or Path.cwd()), list(script_args), timeout, result)
         try:
             conv = session.run_converted(converted, converted_source, nproc, steps)
-            session.run_original(original, conv[0], nproc, steps, batch_policy, lr_scale)
+            script = session.fixed_original(original, converted, converted_source, fixed_codes)
+            session.run_original(original, conv[0], nproc, steps, batch_policy, lr_scale, script)
         except CouldNotRun as exc:
             result.message = str(exc)
             result.failed_run = exc.role
@@ -110,13 +117,40 @@ class Session:
         self.extra_env: dict[str, str] = {}
 
     def choose_device(self, nproc: int) -> None:
+        """A GPU per process: as the script decides (nccl). Fewer: the ranks share them over
+        gloo, so the GPU and AMP paths are still compared. None: CPU, said in the notes."""
         gpus = visible_gpus()
-        if 0 < gpus < nproc:
-            self.extra_env["CUDA_VISIBLE_DEVICES"] = ""
+        if gpus == 0:
             self.result.notes.append(
-                f"{gpus} GPU(s) for {nproc} processes: both runs on CPU (gloo)"
+                "no GPU visible: both runs on CPU (gloo); the scripts' CUDA-only paths (AMP on "
+                "CUDA, SyncBatchNorm, nccl) are not exercised"
             )
-        self.result.settings["device"] = "cuda" if gpus >= nproc else "cpu"
+        elif gpus < nproc:
+            self.extra_env[SHARE_GPUS_ENV] = str(gpus)
+        self.result.settings["device"] = "cuda" if gpus else "cpu"
+        self.result.settings["gpus"] = gpus
+
+    def fixed_original(self, original, converted, converted_source, fixed_codes) -> Path:
+        """The original to run: itself, or a copy with the conversion's numeric fixes."""
+        text = original.read_text(encoding="utf-8", errors="surrogateescape")
+        if converted_source is None:
+            converted_source = converted.read_text(encoding="utf-8", errors="replace")
+        fixes = fix_original(text, converted_source, str(original), fixed_codes)
+        for missing in fixes.not_applied:
+            self.result.notes.append(
+                f"the migration fixed {missing}, which ddpify cannot apply to the original: "
+                "a difference may come from it"
+            )
+        if not fixes.changed:
+            return original
+        self.result.notes.append(
+            "the original was run with the fixes the migration made that change the numbers "
+            "(ddpify's own fixes, on a temporary copy): " + "; ".join(fixes.applied)
+        )
+        self.result.settings["original_fixes"] = fixes.applied
+        script = self.work / "original_fixed.py"
+        script.write_text(fixes.text, encoding="utf-8", errors="surrogateescape")
+        return script
 
     def run_converted(self, converted, source, nproc, steps) -> list[dict]:
         """Run the converted script; returns the ranks' summaries (see probe.Probe.summary)."""
@@ -135,7 +169,9 @@ class Session:
         self.result.converted_output = outcome.output
         return self.records("converted", outcome, nproc, steps)
 
-    def run_original(self, original, converted0, nproc, steps, batch_policy, lr_scale) -> None:
+    def run_original(
+        self, original, converted0, nproc, steps, batch_policy, lr_scale, script=None
+    ) -> None:
         per_rank_scales = [1.0, float(nproc), math.sqrt(nproc)]
         config = {
             "role": "original",
@@ -148,7 +184,7 @@ class Session:
             "converted_lrs": converted0["first_lrs"],
             "display_path": str(original.resolve()),
         }
-        outcome = self.launch("original", original, config, None)
+        outcome = self.launch("original", script or original, config, None)
         self.result.original_output = outcome.output
         self.records("original", outcome, 1, steps)
 

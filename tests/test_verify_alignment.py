@@ -1,0 +1,252 @@
+"""How verify makes 1 and N processes comparable, piece by piece, without launching torchrun.
+
+Random draws sliced per rank, BatchNorm statistics in Python, the original run with the
+migration's number-changing fixes, and what a gradient difference is blamed on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpify.verify.original_fixes import fix_original
+from ddpify.verify.report import VerifyResult
+from tests.helpers import FIXTURES
+
+torch = pytest.importorskip("torch")
+
+from ddpify.verify import probe  # noqa: E402
+from ddpify.verify.compare import compare_runs  # noqa: E402
+from ddpify.verify.runner import conclude  # noqa: E402
+
+AMP_CLIP = FIXTURES / "verify" / "amp_clip"
+GRADS = [torch.full((2, 2), 0.25), torch.tensor([0.5, -0.5])]
+
+
+def record(grads, flags=None, data=(4.0, 1.0, 2.0), rank=0, draws=()):
+    params = [torch.ones(2, 2), torch.zeros(2)]
+    return {
+        "rank": rank,
+        "flags": flags or {},
+        "optimizers": [{"class": "SGD", "lr_scale": 1.0}],
+        "loaders": [{"batch_size": 2, "used_batch_size": 4, "policy": "per-rank"}],
+        "steps": [
+            {
+                "optimizer": 0,
+                "step": 1,
+                "lrs": [0.1],
+                "native_lrs": [0.1],
+                "grads": grads,
+                "loader": 0,
+                "data": list(data),
+            }
+        ],
+        "initial": {0: params},
+        "final": {0: [p - 0.1 * g for p, g in zip(params, grads)]},
+        "names": {0: ["fc.weight", "fc.bias"]},
+        "draws": [list(d) for d in draws],
+    }
+
+
+def verdict(original, converted, nproc=2) -> VerifyResult:
+    comparison = compare_runs(original, converted, nproc, "per-rank")
+    return conclude(VerifyResult(2, "error", ""), comparison, 1)
+
+
+def converted_pair(grads, flags=None, draws=()):
+    return [record(grads, flags, (2.0, 0.5, 1.0), rank, draws) for rank in (0, 1)]
+
+
+# -- what a difference is blamed on -------------------------------------------------------------
+
+
+def test_a_factor_other_than_the_process_count_is_not_blamed_on_it():
+    result = verdict(record(GRADS), converted_pair([g * 7.5 for g in GRADS]))
+    assert result.exit_code == 1
+    assert "7.5x the original's" in result.message
+    assert "number of processes" not in result.message
+
+
+def test_clipping_still_scaled_gradients_is_named_as_the_cause():
+    original = record(GRADS, {"clip_scaled": "clip_grad_norm_"})
+    result = verdict(original, converted_pair([g * 7576 for g in GRADS]))
+    assert result.exit_code == 1
+    assert "GradScaler still scales" in result.message and "DDP044" in result.message
+    assert "number of processes" not in result.message
+
+
+def test_per_rank_batch_norm_statistics_are_a_mismatch_with_their_cause():
+    result = verdict(record(GRADS), converted_pair([g + 0.1 for g in GRADS], {"local_bn": True}))
+    assert (result.exit_code, result.verdict) == (1, "mismatch")
+    assert "BatchNorm without SyncBatchNorm" in result.message
+
+
+# -- random draws -------------------------------------------------------------------------------
+
+
+def test_sliced_draws_the_original_made_whole_are_noted():
+    whole = [("randn", [4, 6], None, "s1")]
+    sliced = [("randn", [4, 6], 0, "s1")]
+    result = verdict(record(GRADS, draws=whole), converted_pair(GRADS, draws=sliced))
+    assert result.exit_code == 0, result.message
+    assert any("1 random draw(s)" in note for note in result.notes)
+
+
+@pytest.mark.parametrize(
+    ("original_draw", "says"),
+    [
+        (("randn", [2, 12], None, "s1"), "(4, 6) in the converted run"),
+        (("randn", [4, 6], None, "other"), "not in the original's state"),
+    ],
+)
+def test_draws_that_do_not_line_up_make_it_inconclusive(original_draw, says):
+    sliced = [("randn", [4, 6], 0, "s1")]
+    original = record(GRADS, draws=[original_draw])
+    result = verdict(original, converted_pair(GRADS, draws=sliced))
+    assert (result.exit_code, result.verdict) == (2, "inconclusive")
+    assert says in " ".join(result.inconclusive)
+
+
+class StubProbe:
+    def __init__(self, rank: int, world: int) -> None:
+        self.torch, self.rank, self.world, self.role = torch, rank, world, "converted"
+        self.record = {"draws": [], "flags": {}}
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+@pytest.mark.parametrize("shape", [(12, 5), (3, 12, 2), (24, 7, 7)])
+def test_each_rank_gets_the_rows_of_its_samples(shape, as_numpy):
+    """DistributedSampler deals sample j to rank j % N: rank r's rows of the whole draw are
+    its samples' rows, heads kept together when the dim is batch * heads."""
+    world, rows = 3, 4
+    dim = next(d for d, size in enumerate(shape) if size % rows == 0)
+    whole_shape = list(shape)
+    whole_shape[dim] *= world
+    whole = torch.arange(float(torch.Size(whole_shape).numel())).reshape(whole_shape)
+    if as_numpy:
+        whole = whole.numpy()
+    parts = []
+    for rank in range(world):
+        draws = probe.RandomDraws(StubProbe(rank, world))
+        draws.rows = rows
+        parts.append(draws.rank_part(whole, dim, shape[dim]))
+    per_sample = shape[dim] // rows
+    for rank, part in enumerate(parts):
+        for local in range(rows):
+            sample = local * world + rank
+            mine = torch.as_tensor(part).narrow(dim, local * per_sample, per_sample)
+            expected = torch.as_tensor(whole).narrow(dim, sample * per_sample, per_sample)
+            assert torch.equal(mine, expected)
+
+
+def test_the_batch_dimension_of_a_draw():
+    draws = probe.RandomDraws(StubProbe(0, 2))
+    assert draws.batch_dim((8, 100), "randn") is None  # no batch seen yet
+    draws.rows = 8
+    assert draws.batch_dim((8, 100), "randn") == 0
+    assert draws.batch_dim((12, 8, 32), "dropout") == 1  # sequence first
+    assert draws.batch_dim((32, 12, 12), "dropout") == 0  # batch * heads
+    assert draws.batch_dim((64, 100), "randn") is None  # not a per-sample draw
+
+
+# -- BatchNorm ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5, 5)])
+def test_python_batch_norm_computes_what_torch_does(shape):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    weight = torch.randn(3, requires_grad=True)
+    bias = torch.randn(3, requires_grad=True)
+    stats = [torch.zeros(3), torch.ones(3)]
+    ours_stats = [s.clone() for s in stats]
+    theirs = torch.nn.functional.batch_norm(x, *stats, weight, bias, True, 0.1, 1e-5)
+    ours = probe.python_batch_norm(torch, x, *ours_stats, weight, bias, 0.1, 1e-5, False)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours_stats, stats)
+    upstream = torch.randn(*shape)
+    expected = torch.autograd.grad(theirs, [x, weight, bias], upstream)
+    torch.testing.assert_close(torch.autograd.grad(ours, [x, weight, bias], upstream), expected)
+
+
+def test_only_code_that_names_sync_batch_norm_counts(tmp_path: Path):
+    mentioned = tmp_path / "mentioned.py"
+    mentioned.write_text('"""No SyncBatchNorm here."""\n# convert_sync_batchnorm is missing\n')
+    converts = tmp_path / "converts.py"
+    converts.write_text("model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n")
+    assert not probe.mentions_sync_batch_norm(str(mentioned))
+    assert probe.mentions_sync_batch_norm(str(converts))
+
+
+# -- the original with the migration's fixes ----------------------------------------------------
+
+
+def test_the_original_gets_the_unscale_the_migration_inserted():
+    original = (AMP_CLIP / "original.py").read_text()
+    fixes = fix_original(original, (AMP_CLIP / "converted.py").read_text(), "original.py")
+    assert fixes.applied == ["DDP044 at line 47: scaler.unscale_() before gradient clipping"]
+    lines = fixes.text.splitlines()
+    unscale = next(i for i, line in enumerate(lines) if "scaler.unscale_(optimizer)" in line)
+    assert "clip_grad_norm_" in lines[unscale + 1]
+    compile(fixes.text, "original.py", "exec")
+
+
+def test_a_conversion_that_kept_the_bug_is_compared_with_the_original_as_it_is():
+    original = (AMP_CLIP / "original.py").read_text()
+    fixes = fix_original(original, original, "original.py")
+    assert not fixes.changed and fixes.text == original
+
+
+def test_no_record_of_fixes_means_no_fix():
+    original = (AMP_CLIP / "original.py").read_text()
+    converted = (AMP_CLIP / "converted.py").read_text()
+    assert not fix_original(original, converted, "original.py", fixed_codes=()).changed
+
+
+def test_the_original_gets_the_set_epoch_the_migration_inserted():
+    """A torchrun script without set_epoch, run as one process, would repeat its first epoch's
+    order where the conversion reshuffles: the original runs with the same fix."""
+    case = FIXTURES / "migrate" / "torchrun_fixes"
+    original = (case / "before.py").read_text()
+    fixes = fix_original(original, (case / "after.py").read_text(), "before.py")
+    assert [fix.split(" at ")[0] for fix in fixes.applied] == ["DDP022"]
+    assert "sampler.set_epoch(epoch)" in fixes.text
+
+
+@pytest.mark.parametrize(("bias_grad", "matches"), [(1e-12, True), (8e-6, False)])
+def test_weights_moved_by_rounding_noise_are_not_compared(bias_grad, matches):
+    """Adam turns a gradient that is zero up to rounding (a bias before BatchNorm) into a
+    full-size step of either sign; a small but real gradient is still compared."""
+    grads = [torch.full((2, 2), 0.25), torch.full((2,), bias_grad)]
+    original = record(grads)
+    converted = converted_pair(grads)
+    for rank in converted:
+        rank["final"][0][1] = original["final"][0][1] + 1e-3
+    result = verdict(original, converted)
+    assert result.exit_code == (0 if matches else 1), result.message
+    assert any("fc.bias not compared" in note for note in result.notes) == matches
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "mask"),
+    [
+        ("dropout1d", (4, 3, 5), (4, 3, 1)),
+        ("dropout1d", (3, 5), (3, 1)),
+        ("dropout2d", (4, 3, 5, 5), (4, 3, 1, 1)),
+        ("dropout2d", (6, 5), (6, 5)),  # torch takes it as batched: element-wise
+        ("dropout3d", (2, 3, 4, 4, 4), (2, 3, 1, 1, 1)),
+    ],
+)
+def test_channel_dropout_masks_have_torchs_shape(name, shape, mask):
+    import warnings
+
+    batched_dims = probe.FEATURE_DROPOUTS[name]
+    assert probe.feature_mask_shape(torch.ones(shape), batched_dims) == mask
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dropped = getattr(torch.nn.functional, name)(torch.ones(shape), 0.5, True)
+    for dim, size in enumerate(mask):
+        if size == 1:  # torch's mask is constant along the dims ours broadcasts over
+            low, high = dropped.amin(dim), dropped.amax(dim)
+            assert torch.equal(low, high)
