@@ -204,3 +204,11 @@ def test_ddp005_hard_coded_nccl_with_a_cpu_fallback_is_a_warning():
 )
 def test_ddp005_quiet(body):
     assert ddp005(body) == []
+
+
+def test_ddp005_cpu_tensor_fails_wherever_the_backend_is_nccl():
+    (finding,) = ddp005(
+        "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
+        "dist.all_reduce(torch.zeros(2))\n"
+    )
+    assert "`torch.zeros(2)` is created on the CPU" in finding.message

@@ -80,14 +80,12 @@ class BackendDeviceMismatch(Rule):
     def leave_Module(self, node: cst.Module) -> None:
         if self.context.model.framework is not None:
             return
-        nccl_literals = [
-            (call, lit) for call, guarded in self.inits for lit in self._nccl(call, guarded)
-        ]
-        if not nccl_literals:
-            return
         if self.cpu_fallback and not self.cuda_required:
-            for _, literal in nccl_literals:
-                self.report(literal, _cpu_path_message(), fix=self._fix(literal))
+            for call, guarded in self.inits:
+                for literal in self._nccl(call, guarded):
+                    self.report(literal, _cpu_path_message(), fix=self._fix(literal))
+        if not any(self._may_be_nccl(call) for call, _ in self.inits):
+            return
         for _, arg in self.collectives:
             if self._on_cpu(arg.value):
                 self.report(arg, _cpu_tensor_message(self.context.code(arg.value)))
@@ -105,9 +103,22 @@ class BackendDeviceMismatch(Rule):
             if len(bound) != 1:
                 return []
             value = bound[0]
-        if isinstance(value, cst.SimpleString) and string_value(value) == "nccl":
-            return [value]
-        return []
+        return [value] if _is_nccl(value) else []
+
+    def _may_be_nccl(self, call: cst.Call) -> bool:
+        """Whether the group is nccl on some machine: `"nccl"`, `"nccl" if cuda else "gloo"`,
+        or a name bound to `"nccl"` in one branch. (`"cpu:gloo,cuda:nccl"` also moves CPU
+        tensors, and a backend read from the command line is unknown.)"""
+        arg = find_arg(call, "backend", 0)
+        if arg is None:
+            return False
+        name = dotted(arg.value)
+        values = self.context.model.bindings.get(name, []) if name else [arg.value]
+        for value in values:
+            options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+            if any(_is_nccl(option) for option in options):
+                return True
+        return False
 
     def _on_cpu(self, expr: cst.BaseExpression) -> bool:
         """A tensor made by a factory without `device=` (directly or in every binding)."""
@@ -140,6 +151,10 @@ class BackendDeviceMismatch(Rule):
         )
 
 
+def _is_nccl(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.SimpleString) and (string_value(expr) or "").lower() == "nccl"
+
+
 def _cpu_path_message() -> str:
     return (
         "`nccl` is hard-coded, but this script falls back to the CPU when CUDA is missing, "
@@ -149,6 +164,6 @@ def _cpu_path_message() -> str:
 
 def _cpu_tensor_message(tensor: str) -> str:
     return (
-        f"`{tensor}` is created on the CPU, but the process group uses nccl, which only "
-        "communicates CUDA tensors; create it with `device=` the local GPU"
+        f"`{tensor}` is created on the CPU, but an nccl process group only communicates CUDA "
+        "tensors; create it with `device=` set to the local GPU"
     )
