@@ -130,7 +130,7 @@ class SamplerCall:
 
     @property
     def seed(self) -> cst.Arg | None:
-        return find_arg(self.call, "seed", _SAMPLER_SEED_POSITION)
+        return sampler_seed(self.call)
 
     @property
     def drop_last(self) -> cst.Arg | None:
@@ -144,6 +144,11 @@ class SamplerCall:
         if self.loader is not None and self.loader.target is not None:
             return f"{self.loader.target}.sampler"
         return None
+
+
+def sampler_seed(call: cst.Call) -> cst.Arg | None:
+    """The `seed` argument of a `DistributedSampler(...)` call (keyword or fifth)."""
+    return find_arg(call, "seed", _SAMPLER_SEED_POSITION)
 
 
 @dataclass(frozen=True)

@@ -118,14 +118,13 @@ def falls_back_to_cpu(node: cst.CSTNode, imports: ImportMap) -> bool:
     """Whether `node` picks the CPU when CUDA is missing: `"cuda" if use_cuda else "cpu"`,
     or an `if torch.cuda.is_available(): ... else: device = "cpu"`."""
     if isinstance(node, cst.IfExp):
+        # Two expressions: cheaper to look at than the test, and rarely the CPU.
         branches: list[cst.CSTNode] = [node.body, node.orelse]
-    elif isinstance(node, cst.If):
+        return any(_assigns_cpu(b, imports) for b in branches) and is_cuda_test(node.test)
+    if isinstance(node, cst.If):
         branches = [node.body, *([node.orelse] if node.orelse is not None else [])]
-    else:
-        return False
-    if not is_cuda_test(node.test):
-        return False
-    return any(_assigns_cpu(branch, imports) for branch in branches)
+        return is_cuda_test(node.test) and any(_assigns_cpu(b, imports) for b in branches)
+    return False
 
 
 def _assigns_cpu(branch: cst.CSTNode, imports: ImportMap) -> bool:

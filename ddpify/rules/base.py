@@ -38,6 +38,9 @@ class Report:
     fix: NodeFix | None
 
 
+_HANDLER_NAMES: dict[tuple[type, str], dict[str, str]] = {}
+
+
 class Rule:
     CODE: ClassVar[str]
     NAME: ClassVar[str]
@@ -65,12 +68,18 @@ class Rule:
 
     @classmethod
     def handlers(cls, prefix: str) -> dict[str, str]:
-        """Node type name -> method name, for every `visit_X` (or `leave_X`) defined."""
-        return {
-            attr[len(prefix) :]: attr
-            for attr in dir(cls)
-            if attr.startswith(prefix) and callable(getattr(cls, attr))
-        }
+        """Node type name -> method name, for every `visit_X` (or `leave_X`) defined.
+
+        Cached per class: `dir()` costs about 0.1 ms a rule, paid for every file checked.
+        """
+        found = _HANDLER_NAMES.get((cls, prefix))
+        if found is None:
+            found = _HANDLER_NAMES[(cls, prefix)] = {
+                attr[len(prefix) :]: attr
+                for attr in dir(cls)
+                if attr.startswith(prefix) and callable(getattr(cls, attr))
+            }
+        return found
 
     def bound_handlers(self, prefix: str) -> dict[str, Callable[[cst.CSTNode], None]]:
         return {node: getattr(self, attr) for node, attr in self.handlers(prefix).items()}

@@ -11,7 +11,7 @@ import pytest
 from ddpify.analysis.loaders import collect
 from ddpify.diagnostics import Severity
 from ddpify.rules.data._common import looks_like_eval
-from tests.helpers import codes, lint
+from tests.helpers import FIXTURES, codes, fixture_line, lint
 
 
 def src(text: str) -> str:
@@ -544,3 +544,21 @@ def test_ddp027_helper_called_on_every_rank_is_reported():
     )
     (finding,) = lint(TV + body, ["DDP027"])
     assert finding.severity is Severity.WARNING and finding.location.row == 5
+
+
+# -- the data rules share one feeding of the loader facts -------------------------------------
+
+DATA_CODES = ["DDP020", "DDP021", "DDP022", "DDP023", "DDP024", "DDP025", "DDP026", "DDP027"]
+DATA_CASES = sorted(
+    case for code in DATA_CODES for case in (FIXTURES / "rules" / code).glob("*.py")
+)
+
+
+@pytest.mark.parametrize("case", DATA_CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_data_rules_together_find_what_each_finds_alone(case):
+    """Only the first data rule of a file feeds the shared facts; the others must still see
+    them, whichever subset is enabled."""
+    text = case.read_text()
+    alone = sorted(fixture_line(d) for code in DATA_CODES for d in lint(text, [code]))
+    together = sorted(fixture_line(d) for d in lint(text, DATA_CODES))
+    assert together == alone

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.loaders import SamplerCall
+from ddpify.analysis.loaders import DISTRIBUTED_SAMPLER, sampler_seed
 from ddpify.analysis.values import per_process_source
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
-from ddpify.rules.base import NodeFix
-from ddpify.rules.data._common import LoaderRule
+from ddpify.rules.base import NodeFix, Rule
 
 
-class DivergentSamplerSeed(LoaderRule):
+class DivergentSamplerSeed(Rule):
     """`DistributedSampler(ds, seed=args.seed + rank)`: every rank shuffles differently."""
 
     CODE = "DDP023"
@@ -27,8 +26,8 @@ class DivergentSamplerSeed(LoaderRule):
         if self.context.model.framework is not None:
             return
         model = self.context.model
-        for sampler in self.facts.samplers:
-            seed = sampler.seed
+        for call in model.calls_to(DISTRIBUTED_SAMPLER):
+            seed = sampler_seed(call)
             if seed is None or seed.star:
                 continue
             source = per_process_source(seed.value, model.imports, model.bindings)
@@ -36,10 +35,10 @@ class DivergentSamplerSeed(LoaderRule):
                 self.report(
                     seed,
                     _message(self.context.code(seed.value), source),
-                    fix=self._fix(sampler, seed),
+                    fix=self._fix(seed),
                 )
 
-    def _fix(self, sampler: SamplerCall, seed: cst.Arg) -> NodeFix | None:
+    def _fix(self, seed: cst.Arg) -> NodeFix | None:
         """Keep the part of the seed that every rank shares (`args.seed` of `args.seed +
         rank`); a seed made only of the rank or the clock becomes the default, 0."""
         model = self.context.model

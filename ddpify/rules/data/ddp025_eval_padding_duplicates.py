@@ -48,13 +48,17 @@ class EvalPaddingDuplicates(LoaderRule):
         self.rank_zero_uses: list[_Use] = []
 
     def visit_For(self, node: cst.For) -> None:
-        super().visit_For(node)
+        if self.feeds:
+            self._feed(node)
         name = _iterated_name(node.iter)
         if name is not None and _loader_like(name) and self.context.rank_zero_scope():
             self.rank_zero_uses.append(_Use(name, node.iter))
 
     def visit_Call(self, node: cst.Call) -> None:
-        super().visit_Call(node)
+        if self.feeds:
+            self._feed(node)
+        if not any(_loader_like(_last_identifier(arg.value)) for arg in node.args):
+            return  # the common case, decided without building dotted names
         names = [d for d in (dotted(arg.value) for arg in node.args) if d and _loader_like(d)]
         if names and self.context.rank_zero_scope():
             callee = dotted(node.func)
@@ -122,6 +126,12 @@ def _iterated_name(expr: cst.BaseExpression) -> str | None:
             return None
         expr = expr.args[0].value
     return dotted(expr)
+
+
+def _last_identifier(expr: cst.BaseExpression) -> str:
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    return expr.value if isinstance(expr, cst.Name) else ""
 
 
 def _loader_like(name: str) -> bool:

@@ -44,14 +44,21 @@ class DownloadRace(Rule):
         self.ordered = False  # a barrier that only the other ranks reach: rank 0 goes first
 
     def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "barrier":
+            if self.context.qualify(func) == BARRIER:
+                self.ordered |= non_zero_guarded(self.context.ancestors)
+            return
+        if not any(
+            arg.keyword is not None and arg.keyword.value == "download" for arg in node.args
+        ):
+            return
         download = find_arg(node, "download")
         if download is not None and _is_true(download.value):
             ancestors = self.context.ancestors
             guarded = rank_zero_scope(ancestors) is not None or _rank_zero_first(ancestors)
             function = self.context.enclosing(cst.FunctionDef)
             self.downloads.append(_Download(download, function, guarded))
-        elif _last(node.func) == "barrier" and self.context.qualify(node.func) == BARRIER:
-            self.ordered |= non_zero_guarded(self.context.ancestors)
 
     def leave_Module(self, node: cst.Module) -> None:
         model = self.context.model
