@@ -57,6 +57,8 @@ LOADER_PARAMETERS = (
 )
 # `DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last)`.
 _SAMPLER_SHUFFLE_POSITION = 3
+_SAMPLER_SEED_POSITION = 4
+_SAMPLER_DROP_LAST_POSITION = 5
 
 ITERABLE_BASES = {
     "torch.utils.data.IterableDataset",
@@ -70,6 +72,10 @@ ITERABLE_BASES = {
 STREAMING_PACKAGES = ("webdataset", "streaming", "torchdata", "litdata", "ray.data")
 _STREAMING_NAME = re.compile(r"(Iterable|Stream|Streaming|WebDataset|IterDataPipe)", re.I)
 _SET_EPOCH_HELPER = re.compile(r"set_\w*epoch", re.I)
+# Words of code that splits data by process: `rank=`, `world_size`, `split_by_node`.
+_SHARD_WORD = re.compile(r"rank|world|replica|shard|num_parts|part_id|by_node", re.I)
+_HF_LOAD = "datasets.load_dataset"
+_MAX_ORIGIN_DEPTH = 3
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,14 @@ class SamplerCall:
         return None
 
     @property
+    def seed(self) -> cst.Arg | None:
+        return sampler_seed(self.call)
+
+    @property
+    def drop_last(self) -> cst.Arg | None:
+        return find_arg(self.call, "drop_last", _SAMPLER_DROP_LAST_POSITION)
+
+    @property
     def receiver(self) -> str | None:
         """How code reaches the sampler: `train_sampler`, or `train_loader.sampler`."""
         if self.target is not None:
@@ -147,6 +161,11 @@ class SamplerCall:
         if self.loader is not None and self.loader.target is not None:
             return f"{self.loader.target}.sampler"
         return None
+
+
+def sampler_seed(call: cst.Call) -> cst.Arg | None:
+    """The `seed` argument of a `DistributedSampler(...)` call (keyword or fifth)."""
+    return find_arg(call, "seed", _SAMPLER_SEED_POSITION)
 
 
 @dataclass(frozen=True)
@@ -358,6 +377,17 @@ class LoaderFacts:
                     names.add(f"{loader.target}.{key}")
         return names
 
+    def distributed_sampler_of(self, loader: LoaderCall) -> SamplerCall | None:
+        """The DistributedSampler `loader` draws from: written inline, or a name bound to one."""
+        arg = loader.arg("sampler")
+        if arg is None:
+            return None
+        name = dotted(arg.value)
+        for sampler in self.samplers:
+            if sampler.loader is loader or (name is not None and sampler.target == name):
+                return sampler
+        return None
+
     def loader_names(self) -> set[str]:
         return {loader.target for loader in self.loaders if loader.target}
 
@@ -448,6 +478,88 @@ class LoaderFacts:
             if streaming is not None and not _is_false(streaming.value):
                 return True
         return False
+
+    def splits_streams_by_node(self) -> bool:
+        """Whether the file splits a Hugging Face dataset by process anywhere:
+        `split_dataset_by_node(...)` or `ds.shard(num_shards=world_size, index=rank)`."""
+        if "split_dataset_by_node" in self.model.method_calls or "shard" in self.model.method_calls:
+            return True
+        return any(name.endswith("split_dataset_by_node") for name in self.model.calls)
+
+    def unsharded_stream(self, dataset: cst.BaseExpression, hf_split: bool) -> str | None:
+        """Whether `dataset` is an iterable dataset that no code of this file splits by rank:
+        "class" for an instance of an IterableDataset subclass of this file whose code never
+        mentions a rank, "hf" for `load_dataset(..., streaming=True)` or
+        `.to_iterable_dataset()` when nothing calls `split_dataset_by_node`; else None.
+        Datasets from other files and streaming packages (which shard themselves) are None."""
+        iterable_classes = self.iterable_dataset_classes()
+        found = None
+        for origin in self._origins(dataset, 0):
+            if _mentions_shard_word(origin):
+                return None  # `MyStream(files, rank=rank, world_size=world_size)`
+            call = unwrap_call_chain(origin)
+            if call is None:
+                continue
+            names = _chain_names(origin)
+            callee = dotted(call.func)
+            last = callee.rsplit(".", 1)[-1] if callee else None
+            if last in iterable_classes:
+                if self._class_shards(last):
+                    return None
+                found = found or "class"
+            elif self._is_hf_stream(call, names) and not hf_split:
+                found = found or "hf"
+        return found
+
+    def _origins(self, expr: cst.BaseExpression, depth: int) -> list[cst.BaseExpression]:
+        """`expr`, and what the names it starts from were bound to (`ds["train"]` -> ds)."""
+        found = [expr]
+        base = expr
+        while isinstance(base, (cst.Call, cst.Attribute, cst.Subscript)):
+            base = base.func if isinstance(base, cst.Call) else base.value
+        name = dotted(base) if isinstance(base, (cst.Name, cst.Attribute)) else None
+        if name is not None and depth < _MAX_ORIGIN_DEPTH:
+            for value in self.model.bindings.get(name, ()):
+                if value is not expr:
+                    found.extend(self._origins(value, depth + 1))
+        return found
+
+    def _class_shards(self, name: str) -> bool:
+        """Whether the class `name`, or a class of this file it derives from, mentions a rank."""
+        seen: set[str] = set()
+        pending = [name]
+        while pending:
+            current = pending.pop()
+            if current in seen or current not in self.classes:
+                continue
+            seen.add(current)
+            class_def = self.classes[current]
+            if _mentions_shard_word(class_def.body):
+                return True
+            pending.extend(
+                (dotted(base.value) or "").rsplit(".", 1)[-1] for base in class_def.bases
+            )
+        return False
+
+    def _is_hf_stream(self, call: cst.Call, names: list[str]) -> bool:
+        if "to_iterable_dataset" in names:
+            return True
+        if self.imports.qualify(call.func) != _HF_LOAD:
+            return False
+        streaming = find_arg(call, "streaming")
+        return streaming is not None and not _is_false(streaming.value)
+
+
+def _mentions_shard_word(node: cst.CSTNode) -> bool:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name) and _SHARD_WORD.search(current.value):
+            return True
+        if isinstance(current, cst.SimpleString) and _SHARD_WORD.search(current.value):
+            return True
+        stack.extend(children(current))
+    return False
 
 
 def _chain_names(expr: cst.BaseExpression) -> list[str]:

@@ -41,6 +41,8 @@ class Report:
     fix: NodeFix | None
 
 
+
+
 class Rule:
     CODE: ClassVar[str]
     NAME: ClassVar[str]

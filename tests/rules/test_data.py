@@ -11,7 +11,7 @@ import pytest
 from ddpify.analysis.loaders import collect
 from ddpify.diagnostics import Severity
 from ddpify.rules.data._common import looks_like_eval
-from tests.helpers import codes, lint
+from tests.helpers import FIXTURES, codes, fixture_line, lint
 
 
 def src(text: str) -> str:
@@ -280,3 +280,285 @@ def test_ddp022_quiet_under_frameworks_and_without_epochs():
     assert codes(HEAD22 + "for step in range(100):\n    pass\n", ["DDP022"]) == []
     framework = "from accelerate import Accelerator\n" + HEAD22 + LOOP.format("pass")
     assert codes(framework, ["DDP022"]) == []
+
+
+# -- loader facts for DDP023-DDP026 ------------------------------------------------------------
+
+
+def test_sampler_seed_drop_last_and_the_loader_they_feed():
+    facts = facts_of(
+        """
+        from torch.utils.data import DataLoader, DistributedSampler
+        s = DistributedSampler(ds, 2, 0, False, 7, True)
+        a = DataLoader(ds, sampler=s)
+        b = DataLoader(ds, sampler=DistributedSampler(ds, seed=3))
+        c = DataLoader(ds, sampler=other)
+        """
+    )
+    named, inline = facts.samplers
+    assert named.seed.value.value == "7" and named.drop_last.value.value == "True"
+    assert inline.seed.value.value == "3" and inline.drop_last is None
+    a, b, c = facts.loaders
+    assert facts.distributed_sampler_of(a) is named
+    assert facts.distributed_sampler_of(b) is inline
+    assert facts.distributed_sampler_of(c) is None
+
+
+STREAMS = """
+import torch.distributed as dist
+from datasets import load_dataset
+from torch.utils.data import IterableDataset
+
+class Plain(IterableDataset):
+    def __iter__(self):
+        yield from range(10)
+
+class Child(Plain):
+    pass
+
+class Ranked(IterableDataset):
+    def __iter__(self):
+        yield from range(dist.get_rank(), 10, dist.get_world_size())
+
+class RankedChild(Ranked):
+    pass
+
+hf = load_dataset("c4", split="train", streaming=True)
+mapped = hf.map(f)
+eager = load_dataset("c4", split="train")
+"""
+
+
+@pytest.mark.parametrize(
+    "dataset, hf_split, expected",
+    [
+        ("Plain()", False, "class"),
+        ("Child()", False, "class"),
+        ("Plain(rank=r, world_size=w)", False, None),
+        ("Ranked()", False, None),
+        ("RankedChild()", False, None),
+        ("hf", False, "hf"),
+        ("mapped", False, "hf"),
+        ("mapped", True, None),
+        ("eager", False, None),
+        ("eager.to_iterable_dataset()", False, "hf"),
+        ("Imported()", False, None),
+    ],
+)
+def test_unsharded_stream(dataset, hf_split, expected):
+    facts = facts_of(STREAMS)
+    assert facts.unsharded_stream(cst.parse_expression(dataset), hf_split) == expected
+
+
+def test_splits_streams_by_node():
+    assert facts_of(
+        "from datasets.distributed import split_dataset_by_node\n"
+        "split_dataset_by_node(ds, rank=0, world_size=2)\n"
+    ).splits_streams_by_node()
+    assert facts_of("ds = ds.shard(num_shards=w, index=r)\n").splits_streams_by_node()
+    assert not facts_of("ds = ds.map(f)\n").splits_streams_by_node()
+
+
+# -- DDP023 ------------------------------------------------------------------------------------
+
+
+def test_ddp023_is_an_error_and_names_the_cause():
+    (finding,) = lint(
+        DIST + "s = DistributedSampler(ds, seed=args.seed + dist.get_rank())\n", ["DDP023"]
+    )
+    assert finding.severity is Severity.ERROR
+    assert "`seed=args.seed + dist.get_rank()` depends on the rank" in finding.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param("s = DistributedSampler(ds, rank=dist.get_rank())\n", id="rank-is-not-seed"),
+        pytest.param("s = DistributedSampler(ds, seed=args.seed)\n", id="shared"),
+        pytest.param("torch.manual_seed(args.seed + dist.get_rank())\n", id="model-seed"),
+        pytest.param("s = DistributedSampler(ds, **kw)\n", id="kwargs"),
+    ],
+)
+def test_ddp023_quiet(body):
+    assert codes(DIST + src(body), ["DDP023"]) == []
+
+
+# -- DDP024 ------------------------------------------------------------------------------------
+
+STREAM_CLASS = (
+    "class Stream(torch.utils.data.IterableDataset):\n    def __iter__(self):\n        yield 1\n"
+)
+
+
+def test_ddp024_reports_a_training_loader_over_an_unsharded_stream():
+    (finding,) = lint(DIST + STREAM_CLASS + "loader = DataLoader(Stream())\n", ["DDP024"])
+    assert finding.severity is Severity.WARNING
+    assert "itertools.islice" in finding.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param("val_loader = DataLoader(Stream())\n", id="evaluation"),
+        pytest.param(
+            "if dist.get_rank() == 0:\n    loader = DataLoader(Stream())\n", id="rank-zero"
+        ),
+        pytest.param("loader = DataLoader(Stream(rank=dist.get_rank()))\n", id="given-rank"),
+    ],
+)
+def test_ddp024_quiet(body):
+    assert codes(DIST + STREAM_CLASS + src(body), ["DDP024"]) == []
+
+
+def test_ddp024_needs_a_distributed_script():
+    source = "import torch\nfrom torch.utils.data import DataLoader\n" + STREAM_CLASS
+    assert codes(source + "loader = DataLoader(Stream())\n", ["DDP024"]) == []
+
+
+def test_ddp020_and_ddp024_do_not_both_report_a_stream():
+    source = DIST + STREAM_CLASS + "loader = DataLoader(Stream())\n"
+    assert codes(source, ["DDP020", "DDP024"]) == ["DDP024"]
+
+
+# -- DDP025 ------------------------------------------------------------------------------------
+
+VAL = "val_ds = TensorDataset(x)\nval_sampler = DistributedSampler(val_ds, shuffle=False)\n"
+
+
+def test_ddp025_padding_and_drop_last_messages():
+    (padded,) = lint(DIST + VAL, ["DDP025"])
+    assert "pads the data with repeated samples" in padded.message
+    dropped = VAL.replace("shuffle=False", "shuffle=False, drop_last=True")
+    (finding,) = lint(DIST + dropped, ["DDP025"])
+    assert "drops the samples" in finding.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param("train_sampler = DistributedSampler(train_ds)\n", id="training"),
+        pytest.param(VAL + "preds = gathered[: len(val_ds)]\n", id="trimmed"),
+        pytest.param(VAL + "n = len(val_sampler) * world_size\n", id="remainder"),
+    ],
+)
+def test_ddp025_quiet(body):
+    assert codes(DIST + src(body), ["DDP025"]) == []
+
+
+def test_ddp025_rank_zero_reading_a_sharded_loader_is_reported_once():
+    body = VAL + (
+        "val_loader = DataLoader(val_ds, sampler=val_sampler)\n"
+        "if dist.get_rank() == 0:\n"
+        "    for x in tqdm(val_loader):\n"
+        "        pass\n"
+        "    print(len(val_loader))\n"  # a builtin, not an evaluation
+    )
+    findings = lint(DIST + body, ["DDP025"])
+    assert [d.location.row for d in findings] == [9]  # the `for`, not the `print`
+    assert "read on rank 0 only" in findings[0].message
+
+
+# -- DDP026 ------------------------------------------------------------------------------------
+
+
+def test_ddp026_is_off_by_default_and_info_when_selected():
+    source = DIST + (
+        "loader = DataLoader(\n"
+        "    ds, batch_size=cfg.total_batch_size, sampler=DistributedSampler(ds)\n"
+        ")\n"
+    )
+    assert "DDP026" not in codes(source)
+    (finding,) = lint(source, ["DDP026"])
+    assert finding.severity is Severity.INFO
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(
+            "loader = DataLoader(ds, batch_size=args.batch_size, sampler=DistributedSampler(ds))\n",
+            id="no-evidence",
+        ),
+        pytest.param(
+            "loader = DataLoader(ds, batch_size=cfg.total_batch_size)\n", id="not-sharded"
+        ),
+        pytest.param(
+            "bs = cfg.total_batch_size // dist.get_world_size()\n"
+            "loader = DataLoader(\n"
+            "    ds, batch_size=cfg.total_batch_size, sampler=DistributedSampler(ds)\n"
+            ")\n",
+            id="divided-somewhere",
+        ),
+    ],
+)
+def test_ddp026_quiet(body):
+    assert codes(DIST + src(body), ["DDP026"]) == []
+
+
+# -- DDP027 ------------------------------------------------------------------------------------
+
+TV = (
+    "import torch.distributed as dist\n"
+    "from torchvision import datasets\n"
+    "dist.init_process_group('nccl')\n"
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(
+            "if dist.get_rank() == 0:\n    datasets.MNIST('d', download=True)\ndist.barrier()\n"
+            "ds = datasets.MNIST('d', download=True)\n",
+            id="guard-then-barrier",
+        ),
+        pytest.param(
+            "if local_rank != 0:\n    dist.barrier()\nds = datasets.MNIST('d', download=True)\n"
+            "if local_rank == 0:\n    dist.barrier()\n",
+            id="barrier-sandwich",
+        ),
+        pytest.param(
+            "with torch_distributed_zero_first(local_rank):\n"
+            "    ds = datasets.MNIST('d', download=True)\n",
+            id="zero-first-context",
+        ),
+        pytest.param(
+            "def prepare():\n    datasets.MNIST('d', download=True)\n"
+            "if dist.get_rank() == 0:\n    prepare()\n",
+            id="helper-called-on-rank-zero",
+        ),
+        pytest.param("ds = datasets.MNIST('d', download=args.download)\n", id="computed-flag"),
+    ],
+)
+def test_ddp027_quiet_when_rank_zero_goes_first(body):
+    assert codes(TV + src(body), ["DDP027"]) == []
+
+
+def test_ddp027_helper_called_on_every_rank_is_reported():
+    body = (
+        "def prepare():\n"
+        "    datasets.MNIST('d', download=True)\n"
+        "prepare()\n"
+        "if dist.get_rank() == 0:\n"
+        "    prepare()\n"
+    )
+    (finding,) = lint(TV + body, ["DDP027"])
+    assert finding.severity is Severity.WARNING and finding.location.row == 5
+
+
+# -- the data rules share one feeding of the loader facts -------------------------------------
+
+DATA_CODES = ["DDP020", "DDP021", "DDP022", "DDP023", "DDP024", "DDP025", "DDP026", "DDP027"]
+DATA_CASES = sorted(
+    case for code in DATA_CODES for case in (FIXTURES / "rules" / code).glob("*.py")
+)
+
+
+@pytest.mark.parametrize("case", DATA_CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_data_rules_together_find_what_each_finds_alone(case):
+    """Only the first data rule of a file feeds the shared facts; the others must still see
+    them, whichever subset is enabled."""
+    text = case.read_text()
+    alone = sorted(fixture_line(d) for code in DATA_CODES for d in lint(text, [code]))
+    together = sorted(fixture_line(d) for d in lint(text, DATA_CODES))
+    assert together == alone

@@ -1,5 +1,6 @@
 """Fixes of the data rules: DDP020 adds a DistributedSampler (unsafe), DDP021 drops
-`shuffle=True`, DDP022 inserts `set_epoch` at the top of the epoch loop."""
+`shuffle=True`, DDP022 inserts `set_epoch` at the top of the epoch loop, DDP023 gives
+every rank the same sampler seed."""
 
 from __future__ import annotations
 
@@ -357,3 +358,51 @@ def test_add_sampler_not_offered(imports, body):
     head = HEAD20.format(imports=imports)
     (finding,) = lint(head + body, ["DDP020"])
     assert finding.fix is None
+
+
+# -- DDP023: one seed for every rank ----------------------------------------------------------
+
+SEEDED = (
+    "import os\nimport time\n"
+    "import torch.distributed as dist\n"
+    "from torch.utils.data import DistributedSampler\n"
+    "rank = int(os.environ['RANK'])\n"
+)
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        pytest.param(
+            "s = DistributedSampler(ds, seed=args.seed + rank)  # data order\n",
+            "s = DistributedSampler(ds, seed=args.seed)  # data order\n",
+            id="keeps-the-shared-term",
+        ),
+        pytest.param(
+            "s = DistributedSampler(ds, 2, rank, True, dist.get_rank() + 42)\n",
+            "s = DistributedSampler(ds, 2, rank, True, 42)\n",
+            id="positional",
+        ),
+        pytest.param(
+            "s = DistributedSampler(ds, seed=int(time.time()))\n",
+            "s = DistributedSampler(ds, seed=0)\n",
+            id="clock-becomes-default",
+        ),
+    ],
+)
+def test_ddp023_gives_every_rank_the_same_seed(before, after):
+    check_fixed(SEEDED + before, SEEDED + after, "DDP023")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param("seed = args.seed + rank\ns = DistributedSampler(ds, seed=seed)\n", id="name"),
+        pytest.param("s = DistributedSampler(ds, seed=rank + args.rank)\n", id="no-shared-term"),
+    ],
+)
+def test_ddp023_no_fix_where_a_person_must_choose(line):
+    source = SEEDED + line
+    (finding,) = lint(source, ["DDP023"])
+    assert finding.fix is None
+    assert fix(source, ["DDP023"], unsafe=True) == source

@@ -151,3 +151,64 @@ def test_string_prefix_reads_the_start_of_an_f_string():
 def test_ddp004_values_from_an_opaque_helper_stay_info_under_torchrun():
     found = severities(CASES / "DDP004" / "unknown_values.py", "DDP004")
     assert found == [Severity.INFO]
+
+
+# -- DDP005 ------------------------------------------------------------------------------------
+
+DDP005_HEAD = "import torch\nimport torch.distributed as dist\n"
+
+
+def ddp005(body: str) -> list:
+    return lint(DDP005_HEAD + body, ["DDP005"])
+
+
+def test_ddp005_hard_coded_nccl_with_a_cpu_fallback_is_a_warning():
+    (finding,) = ddp005("device = 'cpu' if args.cpu else 'cuda'\ndist.init_process_group('nccl')\n")
+    assert finding.severity is Severity.WARNING
+    assert "falls back to the CPU" in finding.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param("dist.init_process_group('nccl')\n", id="no-cpu-path"),
+        pytest.param(
+            "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "dist.init_process_group('gloo')\n",
+            id="gloo",
+        ),
+        pytest.param(
+            "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "dist.init_process_group('cpu:gloo,cuda:nccl')\n",
+            id="both-backends",
+        ),
+        pytest.param(
+            "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "dist.init_process_group(args.dist_backend)\n",
+            id="configured",
+        ),
+        pytest.param(
+            "dist.init_process_group('gloo')\nt = torch.tensor([1.0])\ndist.all_reduce(t)\n",
+            id="cpu-tensor-under-gloo",
+        ),
+        pytest.param(
+            "dist.init_process_group('nccl')\nt = torch.tensor([1.0])\nt = t.cuda()\n"
+            "dist.all_reduce(t)\n",
+            id="moved-later",
+        ),
+        pytest.param(
+            "dist.init_process_group('nccl')\ndist.all_reduce(loss.detach())\n",
+            id="unknown-tensor",
+        ),
+    ],
+)
+def test_ddp005_quiet(body):
+    assert ddp005(body) == []
+
+
+def test_ddp005_cpu_tensor_fails_wherever_the_backend_is_nccl():
+    (finding,) = ddp005(
+        "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
+        "dist.all_reduce(torch.zeros(2))\n"
+    )
+    assert "`torch.zeros(2)` is created on the CPU" in finding.message

@@ -1,8 +1,9 @@
-"""DDP003's fix: both spellings, and LOCAL_RANK from the environment as the default."""
+"""DDP003's fix (both spellings, LOCAL_RANK from the environment as the default) and DDP005's
+(the backend chosen at run time)."""
 
 from __future__ import annotations
 
-from tests.helpers import codes, fix, lint
+from tests.helpers import codes, fix, fix_cleanly, lint
 
 HEADER = "import argparse\nimport os\n\nimport torch\n\nparser = argparse.ArgumentParser()\n"
 
@@ -64,3 +65,38 @@ def test_noop_on_a_compatible_script():
         '                    default=int(os.environ.get("LOCAL_RANK", 0)))\n'
     )
     assert fix(source, ["DDP003"], unsafe=True) == source
+
+
+# -- DDP005: nccl on CUDA, gloo on the CPU -----------------------------------------------------
+
+FALLBACK = (
+    "import torch\n"
+    "import torch.distributed as dist\n"
+    "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+)
+
+
+def test_ddp005_chooses_the_backend_at_run_time():
+    source = FALLBACK + "dist.init_process_group(backend='nccl')  # one group\n"
+    fixed = fix_cleanly(source, "DDP005")
+    assert fixed == FALLBACK + (
+        "dist.init_process_group(backend='nccl' if torch.cuda.is_available() else 'gloo')"
+        "  # one group\n"
+    )
+
+
+def test_ddp005_fixes_the_constant_the_init_reads():
+    source = FALLBACK + 'BACKEND = "nccl"\n\ndef setup():\n    dist.init_process_group(BACKEND)\n'
+    fixed = fix_cleanly(source, "DDP005")
+    assert 'BACKEND = "nccl" if torch.cuda.is_available() else "gloo"\n' in fixed
+
+
+def test_ddp005_cpu_tensors_have_no_fix():
+    source = (
+        "import torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('nccl')\n"
+        "t = torch.tensor([1.0])\n"
+        "dist.all_reduce(t)\n"
+    )
+    (finding,) = lint(source, ["DDP005"])
+    assert finding.fix is None

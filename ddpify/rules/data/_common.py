@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import libcst as cst
 
@@ -93,6 +93,10 @@ def sampler_spelling(imports: ImportMap) -> str | None:
 # -- sharing one LoaderFacts between the data rules -------------------------------------
 
 _FACTS: weakref.WeakKeyDictionary[Context, LoaderFacts] = weakref.WeakKeyDictionary()
+_FEEDERS: weakref.WeakKeyDictionary[Context, LoaderRule] = weakref.WeakKeyDictionary()
+_FEEDING_HANDLERS = tuple(
+    f"visit_{name}" for name in ("Call", "Attribute", "SimpleString", "For", "While", "ClassDef")
+)
 
 
 def facts_for(context: Context) -> LoaderFacts:
@@ -105,11 +109,26 @@ def facts_for(context: Context) -> LoaderFacts:
 class LoaderRule(Rule):
     """A rule that reads the file's LoaderFacts. Its handlers feed the one instance the
     data rules share (feeding a node twice is a no-op); subclasses decide in
-    `leave_Module`, when the facts are complete."""
+    `leave_Module`, when the facts are complete.
+
+    Only the first data rule of a file registers the feeding handlers: with eight data
+    rules, dispatching every Call, Attribute and string to each of them would cost more
+    than the facts themselves. (The engine calls the rules in the order they are built.)
+    A subclass that overrides a handler keeps it and calls `super()` to feed.
+    """
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
         self.facts = facts_for(context)
+        self.feeds = _FEEDERS.setdefault(context, self) is self
+
+    def bound_handlers(self, prefix: str) -> dict[str, Callable[[cst.CSTNode], None]]:
+        handlers = super().bound_handlers(prefix)
+        if prefix == "visit_" and not self.feeds:
+            for name in _FEEDING_HANDLERS:
+                if getattr(type(self), name) is getattr(LoaderRule, name):
+                    handlers.pop(name[len(prefix) :], None)
+        return handlers
 
     def _feed(self, node: cst.CSTNode) -> None:
         self.facts.visit(node, self.context.ancestors)

@@ -1,0 +1,76 @@
+"""DDP023: a DistributedSampler seeded differently on each rank."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.loaders import DISTRIBUTED_SAMPLER, sampler_seed
+from ddpify.analysis.values import per_process_source
+from ddpify.diagnostics import Applicability, FixAvailability, Severity
+from ddpify.rules.base import NodeFix, Rule
+
+
+class DivergentSamplerSeed(Rule):
+    """`DistributedSampler(ds, seed=args.seed + rank)`: every rank shuffles differently."""
+
+    CODE = "DDP023"
+    NAME = "divergent-sampler-seed"
+    SEVERITY = Severity.ERROR
+    MESSAGE = (
+        "the DistributedSampler's seed differs between ranks, so their shards overlap and "
+        "some samples are never seen; use the same seed on every rank"
+    )
+    FIX = FixAvailability.SOMETIMES
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if self.context.model.framework is not None:
+            return
+        model = self.context.model
+        for call in model.calls_to(DISTRIBUTED_SAMPLER):
+            seed = sampler_seed(call)
+            if seed is None or seed.star:
+                continue
+            source = per_process_source(seed.value, model.imports, model.bindings)
+            if source is not None:
+                self.report(
+                    seed,
+                    _message(self.context.code(seed.value), source),
+                    fix=self._fix(seed),
+                )
+
+    def _fix(self, seed: cst.Arg) -> NodeFix | None:
+        """Keep the part of the seed that every rank shares (`args.seed` of `args.seed +
+        rank`); a seed made only of the rank or the clock becomes the default, 0."""
+        model = self.context.model
+        value = seed.value
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+            shared = [
+                side
+                for side in (value.left, value.right)
+                if per_process_source(side, model.imports, model.bindings) is None
+            ]
+            if len(shared) != 1:
+                return None
+            new_value: cst.BaseExpression = shared[0]
+        elif isinstance(value, (cst.Name, cst.Attribute)):
+            return None  # the name may feed other seeds too: a person decides
+        else:
+            new_value = cst.Integer("0")
+        new_value = new_value.with_changes(lpar=(), rpar=()) if _bare(new_value) else new_value
+        shown = self.context.code(new_value)
+        return NodeFix(
+            f"Use `{shown}` as the seed on every rank",
+            ((seed, seed.with_changes(value=new_value)),),
+            Applicability.SAFE,
+        )
+
+
+def _bare(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, (cst.Name, cst.Attribute, cst.Integer))
+
+
+def _message(seed: str, source: str) -> str:
+    return (
+        f"`seed={seed}` depends on {source}, so each rank shuffles with its own permutation: "
+        "the shards overlap and some samples are never seen; give every rank the same seed"
+    )
