@@ -1,6 +1,14 @@
 from ddpify.rules.base import Rule
+from ddpify.rules.training_loop.ddp040_accumulation_without_no_sync import (
+    AccumulationWithoutNoSync,
+)
 from ddpify.rules.training_loop.ddp041_lr_not_scaled import LrNotScaled
 from ddpify.rules.training_loop.ddp043_amp_legacy_api import AmpLegacyApi
 from ddpify.rules.training_loop.ddp044_clip_without_unscale import ClipWithoutUnscale
 
-RULES: list[type[Rule]] = [LrNotScaled, AmpLegacyApi, ClipWithoutUnscale]
+RULES: list[type[Rule]] = [
+    AccumulationWithoutNoSync,
+    LrNotScaled,
+    AmpLegacyApi,
+    ClipWithoutUnscale,
+]
