@@ -5,10 +5,12 @@ from ddpify.rules.training_loop.ddp040_accumulation_without_no_sync import (
 from ddpify.rules.training_loop.ddp041_lr_not_scaled import LrNotScaled
 from ddpify.rules.training_loop.ddp043_amp_legacy_api import AmpLegacyApi
 from ddpify.rules.training_loop.ddp044_clip_without_unscale import ClipWithoutUnscale
+from ddpify.rules.training_loop.ddp045_divergent_control_flow import DivergentControlFlow
 
 RULES: list[type[Rule]] = [
     AccumulationWithoutNoSync,
     LrNotScaled,
     AmpLegacyApi,
     ClipWithoutUnscale,
+    DivergentControlFlow,
 ]
