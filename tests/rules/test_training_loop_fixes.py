@@ -416,3 +416,49 @@ def test_no_sync_fix_skips_the_micro_step_allreduces_and_keeps_the_weights():
 def test_no_sync_fix_is_withheld_when_the_test_could_change_meaning(source):
     assert "DDP040" in codes(source, ["DDP040"])
     assert fix(source, ["DDP040"], unsafe=True) == source
+
+
+# -- DDP042 -----------------------------------------------------------------------------
+
+SCHEDULE = _dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    train_ds = TensorDataset(torch.randn(100, 2))
+    sampler = DistributedSampler(train_ds, num_replicas=4, rank=0)
+    loader = DataLoader(train_ds, batch_size=5, sampler=sampler)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    total = len(train_ds) // 5 * 2
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=total)
+    for epoch in range(2):
+        for batch in loader:
+            optimizer.step()
+            scheduler.step()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_schedule_fix_counts_the_loader_and_reaches_the_end_of_the_schedule():
+    """Run before and after on 1 of 4 shards: only the fix decays the LR to its floor."""
+    pytest.importorskip("torch")
+    fixed = fix_cleanly(SCHEDULE, "DDP042", unsafe=True)
+    assert "total = len(loader) * 2\n" in fixed
+
+    def final_lr(code: str) -> float:
+        namespace: dict = {}
+        exec(compile(code, "schedule.py", "exec"), namespace)
+        return namespace["optimizer"].param_groups[0]["lr"]
+
+    assert final_lr(SCHEDULE) == pytest.approx(0.75)  # 10 of 40 steps taken
+    assert final_lr(fixed) == pytest.approx(0.0)
+
+
+def test_schedule_fix_needs_unsafe_fixes_and_the_same_batch_size():
+    assert fix(SCHEDULE, ["DDP042"]) == SCHEDULE  # safe fixes only: unchanged
+    other_batch = SCHEDULE.replace("len(train_ds) // 5", "len(train_ds) // 10")
+    assert "DDP042" in codes(other_batch, ["DDP042"])
+    assert fix(other_batch, ["DDP042"], unsafe=True) == other_batch
