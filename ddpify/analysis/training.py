@@ -202,12 +202,67 @@ def is_collective(model: ScriptModel, call: cst.Call, wrappers: set[str]) -> boo
     return method_name(call) == "backward"
 
 
-def collectives_in(model: ScriptModel, root: cst.CSTNode, wrappers: set[str]) -> list[cst.Call]:
-    return [
-        node
-        for node in own_nodes(root)
-        if isinstance(node, cst.Call) and is_collective(model, node, wrappers)
-    ]
+def collectives_in(
+    model: ScriptModel, root: cst.CSTNode, wrappers: set[str], depth: int = 2
+) -> list[cst.Call]:
+    """Collectives run by `root`, also inside the script's own functions it calls
+    (`train_one_epoch(...)`, `self.evaluate()`), `depth` calls deep."""
+    found = []
+    for node in own_nodes(root):
+        if not isinstance(node, cst.Call):
+            continue
+        if is_collective(model, node, wrappers):
+            found.append(node)
+        elif depth > 0:
+            helper = _helper_called(model, node)
+            if helper is not None and helper is not root:
+                if collectives_in(model, helper, wrappers, depth - 1):
+                    found.append(node)
+    return found
+
+
+def _helper_called(model: ScriptModel, call: cst.Call) -> cst.FunctionDef | None:
+    """The function of this file that `call` runs (by name: `f(...)`, `self.f(...)`)."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return model.functions.get(func.value)
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        if func.value.value in {"self", "cls"}:
+            return model.functions.get(func.attr.value)
+    return None
+
+
+def parameter_index(function: cst.FunctionDef, name: str) -> tuple[int | None, bool]:
+    """Position of parameter `name` (skipping `self`), and whether it is one at all."""
+    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    if params and params[0] in {"self", "cls"}:
+        params = params[1:]
+    if name in params:
+        return params.index(name), True
+    kwonly = {p.name.value for p in function.params.kwonly_params}
+    return None, name in kwonly
+
+
+def arguments_for(
+    module: cst.Module, function: cst.FunctionDef, name: str
+) -> list[cst.BaseExpression]:
+    """What the script's calls of `function` pass for its parameter `name`."""
+    index, is_parameter = parameter_index(function, name)
+    if not is_parameter:
+        return []
+    found = []
+    target = function.name.value
+    for node in walk_subtree(module):
+        if not isinstance(node, cst.Call):
+            continue
+        func = node.func
+        called = func.attr.value if isinstance(func, cst.Attribute) else dotted(func)
+        if called != target:
+            continue
+        arg = find_arg(node, name, index)
+        if arg is not None:
+            found.append(arg.value)
+    return found
 
 
 def is_reducing_call(model: ScriptModel, call: cst.Call) -> bool:
@@ -244,9 +299,14 @@ def is_optimizer_step(call: cst.Call) -> bool:
     return "opt" in receiver or "scaler" in receiver
 
 
-def accumulation_test(test: cst.BaseExpression) -> bool:
+def accumulation_test(test: cst.BaseExpression, model: ScriptModel | None = None) -> bool:
     """`(i + 1) % accum == 0`, `step % args.grad_accum_steps == 0 or last`: a test on a
-    step counter modulo an accumulation count."""
+    step counter modulo an accumulation count; with `model`, also a name assigned such a
+    test (`sync = (i + 1) % accum == 0` ... `if sync:`)."""
+    if model is not None:
+        for name in names_of(test):
+            if any(accumulation_test(value) for value in model.bindings.get(name, ())):
+                return True
     for node in walk_subtree(test):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
             if any(_ACCUMULATION.search(name) for name in names_of(node.right)):

@@ -13,7 +13,7 @@ from ddpify.rules.base import NodeFix, Rule
 from ddpify.rules.training_loop._common import insert_before
 from ddpify.rules.training_loop.ddp041_lr_not_scaled import looks_unscaled
 from ddpify.rules.training_loop.ddp043_amp_legacy_api import in_compat_shim
-from tests.helpers import codes, lint
+from tests.helpers import FIXTURES, codes, lint
 
 
 def _insert(source: str, target: str) -> str:
@@ -187,3 +187,40 @@ def test_rank_local_exit_without_a_following_collective_is_quiet():
         "        print(step, name, loss)\n"
     )
     assert codes(source, ["DDP045"]) == []
+
+
+CORRECT_DDP = FIXTURES / "clean" / "ddp_accumulation_metrics.py"
+
+# Each mutation undoes one thing the clean script does right; the rule must notice.
+MUTATIONS = [
+    pytest.param(
+        "DDP040",
+        "with contextlib.nullcontext() if sync else model.no_sync():",
+        "with contextlib.nullcontext():",
+        id="DDP040-no_sync-dropped",
+    ),
+    pytest.param(
+        "DDP042",
+        "T_max=updates_per_epoch * args.epochs",
+        "T_max=len(train_loader.dataset) // args.batch_size * args.epochs",
+        id="DDP042-schedule-from-dataset",
+    ),
+    pytest.param(
+        "DDP045",
+        "            dist.broadcast(stop, src=0)  # every rank leaves the loop together\n"
+        "            if stop.item():\n",
+        "            if rank == 0 and bad_epochs >= args.patience:\n",
+        id="DDP045-rank-0-breaks-alone",
+    ),
+    pytest.param(
+        "DDP054", "    dist.all_reduce(counts)\n", "", id="DDP054-eval-counts-not-reduced"
+    ),
+]
+
+
+@pytest.mark.parametrize(("code", "correct", "broken"), MUTATIONS)
+def test_clean_script_is_quiet_until_its_safeguard_is_removed(code, correct, broken):
+    source = CORRECT_DDP.read_text()
+    assert correct in source
+    assert code not in codes(source, [code])
+    assert code in codes(source.replace(correct, broken), [code])

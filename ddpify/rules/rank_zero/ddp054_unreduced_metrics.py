@@ -20,6 +20,7 @@ import libcst as cst
 from ddpify.analysis.names import dotted
 from ddpify.analysis.training import (
     Located,
+    arguments_for,
     iterated_names,
     loop_facts_for,
     names_of,
@@ -113,6 +114,8 @@ class UnreducedMetrics(Rule):
             return None
         over = sorted(iterated_names(loop.node) & loaders)
         if not over:
+            over = self._sharded_parameter(loop, loaders)
+        if not over:
             return None
         accumulators = _accumulators(loop.node)
         if not accumulators:
@@ -121,6 +124,17 @@ class UnreducedMetrics(Rule):
         family = _derived(scope, set(accumulators))
         evaluation = _is_evaluation(loop, over[0])
         return _Metrics(loop, over[0], accumulators, family, evaluation)
+
+    def _sharded_parameter(self, loop: Located, loaders: set[str]) -> list[str]:
+        """`for x, y in loader:` over a parameter every call fills with a sharded loader."""
+        function = loop.function()
+        if function is None:
+            return []
+        for name in sorted(iterated_names(loop.node)):
+            passed = arguments_for(self.context.module, function, name)
+            if passed and all(dotted(value) in loaders for value in passed):
+                return [dotted(passed[0])]  # type: ignore[list-item]
+        return []
 
     # -- where it is logged ------------------------------------------------------------
 
@@ -138,18 +152,23 @@ class UnreducedMetrics(Rule):
         ]
         function = metrics.loop.function()
         if function is not None and _returns(function, metrics.family):
-            callers = self._returned_to(function.name.value)
+            callers = self._returned_to(function.name.value, module)
             if callers and not callers & reduced:
                 found += _log_calls(module, callers)
         return found
 
-    def _returned_to(self, function: str) -> set[str]:
-        """Names assigned the result of `function(...)` / `self.function(...)`."""
-        targets = set()
-        for target, values in self.context.model.bindings.items():
-            for value in values:
-                if isinstance(value, cst.Call) and _last(value.func) == function:
-                    targets.add(target)
+    def _returned_to(self, function: str, module: cst.Module) -> set[str]:
+        """Names assigned the result of `function(...)` / `self.function(...)`, also
+        unpacked (`accuracy, loss = evaluate(...)`)."""
+        targets: set[str] = set()
+        for node in walk_subtree(module):
+            if (
+                isinstance(node, cst.Assign)
+                and isinstance(node.value, cst.Call)
+                and _last(node.value.func) == function
+            ):
+                for target in node.targets:
+                    targets.update(_target_names(target.target))
         return targets
 
     def _report(self, call: cst.Call, names: set[str], metrics: _Metrics) -> None:

@@ -67,7 +67,7 @@ class AccumulationWithoutNoSync(LoopRule):
             if self.loops.no_sync_near(loop):
                 self._check_partial(loop, wrappers)
                 continue
-            found = _accumulation(loop, wrappers)
+            found = _accumulation(model, loop, wrappers)
             if found is not None:
                 self._report(found)
 
@@ -179,7 +179,7 @@ def _is_plain_import(statement: cst.CSTNode) -> bool:
     return False
 
 
-def _accumulation(loop: Located, wrappers: set[str]) -> _Accumulation | None:
+def _accumulation(model, loop: Located, wrappers: set[str]) -> _Accumulation | None:
     node = loop.node
     if not isinstance(node.body, cst.IndentedBlock):
         return None
@@ -188,7 +188,7 @@ def _accumulation(loop: Located, wrappers: set[str]) -> _Accumulation | None:
     if backward is None:
         return None
     index, call = backward
-    step_if = _accumulation_step(body[index + 1 :])
+    step_if = _accumulation_step(model, body[index + 1 :])
     if step_if is None:
         return None
     used = names_of(node)
@@ -226,9 +226,9 @@ def _children(node: cst.CSTNode):
     return reversed(list(children(node)))
 
 
-def _accumulation_step(statements: list[cst.BaseStatement]) -> cst.If | None:
+def _accumulation_step(model, statements: list[cst.BaseStatement]) -> cst.If | None:
     for statement in statements:
-        if isinstance(statement, cst.If) and accumulation_test(statement.test):
+        if isinstance(statement, cst.If) and accumulation_test(statement.test, model):
             if any(
                 isinstance(n, cst.Call) and is_optimizer_step(n) for n in own_nodes(statement.body)
             ):

@@ -100,7 +100,14 @@ class ScheduleStepsFromDataset(LoopRule):
     def _sources(self, scheduler: cst.Call) -> list[cst.CSTNode]:
         """The scheduler's arguments and, transitively, the values of the names in them."""
         bindings = self.context.model.bindings
-        found: list[cst.CSTNode] = [arg.value for arg in scheduler.args]
+        # Not the optimizer (the first argument): its LR may scale with the world size,
+        # which says nothing about the step count.
+        found: list[cst.CSTNode] = [
+            arg.value
+            for index, arg in enumerate(scheduler.args)
+            if not (index == 0 and arg.keyword is None)
+            and not (arg.keyword is not None and arg.keyword.value == "optimizer")
+        ]
         seen: set[str] = set()
         frontier = list(found)
         for _ in range(_MAX_DEPTH):
