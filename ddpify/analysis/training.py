@@ -332,7 +332,7 @@ class Located:
 
     def scope(self) -> cst.CSTNode:
         """The class of a method, else the function, else the module, holding the node."""
-        function = self.function()
+        function = self.node if isinstance(self.node, cst.FunctionDef) else self.function()
         if function is None:
             return self.ancestors[0]
         index = self.ancestors.index(function)
@@ -346,6 +346,7 @@ class LoopFacts:
     """Loops and exits of one file, recorded during the engine's visit."""
 
     loops: list[Located] = field(default_factory=list)
+    functions: list[Located] = field(default_factory=list)
     exits: list[Located] = field(default_factory=list)  # break, return, sys.exit()
     # Mentions of `no_sync` / `require_backward_grad_sync`.
     no_sync: list[Located] = field(default_factory=list)
@@ -358,6 +359,8 @@ class LoopFacts:
         self._last = node
         if isinstance(node, (cst.For, cst.While)):
             self.loops.append(Located(node, tuple(ancestors)))
+        elif isinstance(node, cst.FunctionDef):
+            self.functions.append(Located(node, tuple(ancestors)))
         elif isinstance(node, (cst.Break, cst.Return)) or is_exit_call(node):
             self.exits.append(Located(node, tuple(ancestors)))
         elif isinstance(node, cst.Attribute) and node.attr.value in _NO_SYNC:

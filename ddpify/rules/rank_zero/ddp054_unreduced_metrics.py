@@ -50,7 +50,8 @@ _EVAL_WORD = re.compile(
     r"(^|_)(val|valid|validate|validation|test|eval|evaluate|evaluation|dev)($|_)"
 )
 _NO_GRAD = {"no_grad", "inference_mode"}
-_GATHERING = {"append", "extend", "update"}  # `preds.append(...)`, `meter.update(...)`
+_GATHERING = {"append", "extend", "update"}
+_PROGRESS = re.compile(r"bar|progress|tqdm", re.I)  # `preds.append(...)`, `meter.update(...)`
 
 
 @dataclass(frozen=True)
@@ -144,11 +145,9 @@ class UnreducedMetrics(Rule):
         """Log calls of the loop's function that show the family, after the loop, and
         those of callers that log what the function returns."""
         scope = metrics.loop.function() or module
-        inside = {id(n) for n in walk_subtree(metrics.loop.node)}
+        after = _after(scope, metrics.loop.node)
         found = [
-            (call, shown)
-            for call, shown in _log_calls(scope, metrics.family)
-            if id(call) not in inside
+            (call, shown) for call, shown in _log_calls(scope, metrics.family) if id(call) in after
         ]
         function = metrics.loop.function()
         if function is not None and _returns(function, metrics.family):
@@ -203,16 +202,26 @@ def _accumulators(loop: cst.For) -> list[str]:
         name = None
         if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign):
             if not isinstance(node.value, (cst.Integer, cst.Float)):
-                target = node.target
-                if isinstance(target, cst.Subscript):  # `counts[0] += ...`
-                    target = target.value
-                name = dotted(target)
+                name = _accumulated(node.target)
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             if node.func.attr.value in _GATHERING and node.args:
                 name = dotted(node.func.value)
+                if name is not None and _PROGRESS.search(name.rsplit(".", 1)[-1]):
+                    name = None  # `pbar.update(1)` counts batches, not a metric
         if name is not None and name not in found:
             found.append(name)
     return found
+
+
+def _accumulated(target: cst.BaseExpression) -> str | None:
+    """`total` of `total += x`, `counts` of `counts[0] += x`; not `state["step"] += x`,
+    a dict of unrelated counters whose other entries are no metric."""
+    if isinstance(target, cst.Subscript):
+        index = target.slice[0].slice if len(target.slice) == 1 else None
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+            return None
+        target = target.value
+    return dotted(target)
 
 
 def _derived(scope: cst.CSTNode, family: set[str]) -> set[str]:
@@ -278,3 +287,11 @@ def _is_evaluation(loop: Located, loader: str) -> bool:
     if function is not None:
         words.append(function.name.value.lower())
     return any(_EVAL_WORD.search(word) for word in words)
+
+
+def _after(scope: cst.CSTNode, loop: cst.CSTNode) -> set[int]:
+    """Nodes of `scope` that come after `loop` in source order (not inside it)."""
+    order = list(walk_subtree(scope))
+    inside = {id(n) for n in walk_subtree(loop)}
+    start = next(i for i, n in enumerate(order) if n is loop)
+    return {id(n) for n in order[start:] if id(n) not in inside}

@@ -72,6 +72,9 @@ class LoopRule(Rule):
     def visit_While(self, node: cst.While) -> None:
         self._feed(node)
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._feed(node)
+
     def visit_Break(self, node: cst.Break) -> None:
         self._feed(node)
 

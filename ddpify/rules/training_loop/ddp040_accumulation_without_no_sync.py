@@ -9,12 +9,14 @@ decides in the forward whether the next backward synchronises.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.training import (
+    DDP,
     Located,
     accumulation_test,
     always_ddp,
@@ -28,6 +30,7 @@ from ddpify.rules.base import NodeFix
 from ddpify.rules.training_loop._common import LoopRule
 from ddpify.walk import children
 
+_MODEL_NAME = re.compile(r"^(ddp_)?(model|net|network|module)$", re.I)
 _ASSIGNING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For)
 
 
@@ -61,15 +64,35 @@ class AccumulationWithoutNoSync(LoopRule):
         if not model.method_calls.get("backward") or not self.applies():
             return
         wrappers = ddp_wrappers(model)
-        if not wrappers:
+        imports_ddp = DDP in self.context.imports.aliases.values()
+        if not wrappers and not imports_ddp:
             return
-        for loop in self.loops.loops:
-            if self.loops.no_sync_near(loop):
-                self._check_partial(loop, wrappers)
+        # A loop body, or a `train_step` function called once per micro-step.
+        for unit in [*self.loops.loops, *self.loops.functions]:
+            if self.loops.no_sync_near(unit):
+                if wrappers:
+                    self._check_partial(unit, wrappers)
                 continue
-            found = _accumulation(model, loop, wrappers)
+            found = _accumulation(model, unit, wrappers)
             if found is not None:
                 self._report(found)
+            elif imports_ddp:
+                self._report_unknown_wrapper(model, unit)
+
+    def _report_unknown_wrapper(self, model, unit: Located) -> None:
+        """The model is wrapped elsewhere (it arrives as an argument or attribute):
+        the same pattern, at info level, since it may not be DDP at all."""
+        found = _accumulation(model, unit, {"<any>"}, any_model=True)
+        if found is None:
+            return
+        backward = self.context.code(found.backward.func).removesuffix(".backward")
+        test = self.context.code(found.step_if.test)
+        message = (
+            f"`{backward}.backward()` runs on every micro-step while the optimizer steps only "
+            f"when `{test}`; if `{found.wrapper}` is a DistributedDataParallel wrapper, every "
+            f"micro-step all-reduces the gradients: run them under `{found.wrapper}.no_sync()`"
+        )
+        self.report(found.backward, message, severity=Severity.INFO)
 
     # -- the plain case: no no_sync at all ------------------------------------------
 
@@ -179,7 +202,11 @@ def _is_plain_import(statement: cst.CSTNode) -> bool:
     return False
 
 
-def _accumulation(model, loop: Located, wrappers: set[str]) -> _Accumulation | None:
+def _accumulation(
+    model, loop: Located, wrappers: set[str], any_model: bool = False
+) -> _Accumulation | None:
+    """The accumulation pattern in a loop or function body; `any_model`: take the first
+    name that reads as a model (`self.model`, `net`) for the wrapper."""
     node = loop.node
     if not isinstance(node.body, cst.IndentedBlock):
         return None
@@ -192,6 +219,8 @@ def _accumulation(model, loop: Located, wrappers: set[str]) -> _Accumulation | N
     if step_if is None:
         return None
     used = names_of(node)
+    if any_model:
+        wrappers = {name for name in used if _MODEL_NAME.search(name.rsplit(".", 1)[-1])}
     wrapper = next((w for w in sorted(wrappers) if w in used), None)
     if wrapper is None:
         return None
