@@ -286,7 +286,14 @@ def reduced_names(model: ScriptModel, root: cst.CSTNode) -> set[str]:
 
 
 def is_exit_call(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Call) and dotted(node.func) in EXIT_CALLS
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    return last in _EXIT_NAMES and dotted(func) in EXIT_CALLS  # cheap test first
+
+
+_EXIT_NAMES = {"exit", "quit", "_exit"}
 
 
 def is_optimizer_step(call: cst.Call) -> bool:
