@@ -243,23 +243,33 @@ def parameter_index(function: cst.FunctionDef, name: str) -> tuple[int | None, b
     return None, name in kwonly
 
 
+class CallIndex:
+    """Calls of a module by the last part of their name (`f` of `f()`, `self.f()`), and
+    its assignments: built by one walk, for questions about a module's call sites."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.by_name: dict[str, list[cst.Call]] = {}
+        self.assigns: list[cst.Assign] = []
+        for node in walk_subtree(module):
+            if isinstance(node, cst.Call):
+                func = node.func
+                name = func.attr.value if isinstance(func, cst.Attribute) else dotted(func)
+                if name is not None:
+                    self.by_name.setdefault(name, []).append(node)
+            elif isinstance(node, cst.Assign):
+                self.assigns.append(node)
+
+
 def arguments_for(
-    module: cst.Module, function: cst.FunctionDef, name: str
+    index: CallIndex, function: cst.FunctionDef, name: str
 ) -> list[cst.BaseExpression]:
     """What the script's calls of `function` pass for its parameter `name`."""
-    index, is_parameter = parameter_index(function, name)
+    position, is_parameter = parameter_index(function, name)
     if not is_parameter:
         return []
     found = []
-    target = function.name.value
-    for node in walk_subtree(module):
-        if not isinstance(node, cst.Call):
-            continue
-        func = node.func
-        called = func.attr.value if isinstance(func, cst.Attribute) else dotted(func)
-        if called != target:
-            continue
-        arg = find_arg(node, name, index)
+    for call in index.by_name.get(function.name.value, ()):
+        arg = find_arg(call, name, position)
         if arg is not None:
             found.append(arg.value)
     return found
@@ -357,6 +367,7 @@ class LoopFacts:
     exits: list[Located] = field(default_factory=list)  # break, return, sys.exit()
     # Mentions of `no_sync` / `require_backward_grad_sync`.
     no_sync: list[Located] = field(default_factory=list)
+    backwards: list[Located] = field(default_factory=list)  # `<x>.backward(...)` calls
     _last: cst.CSTNode | None = None
 
     def visit(self, node: cst.CSTNode, ancestors: Sequence[cst.CSTNode]) -> None:
@@ -368,10 +379,27 @@ class LoopFacts:
             self.loops.append(Located(node, tuple(ancestors)))
         elif isinstance(node, cst.FunctionDef):
             self.functions.append(Located(node, tuple(ancestors)))
-        elif isinstance(node, (cst.Break, cst.Return)) or is_exit_call(node):
+        elif isinstance(node, cst.Call):
+            if method_name(node) == "backward":
+                self.backwards.append(Located(node, tuple(ancestors)))
+            elif is_exit_call(node):
+                self.exits.append(Located(node, tuple(ancestors)))
+        elif isinstance(node, (cst.Break, cst.Return)):
             self.exits.append(Located(node, tuple(ancestors)))
         elif isinstance(node, cst.Attribute) and node.attr.value in _NO_SYNC:
             self.no_sync.append(Located(node, tuple(ancestors)))
+
+    def units_with_backward(self) -> list[Located]:
+        """The innermost loop or function around each backward call, once each."""
+        units = {id(u.node): u for u in (*self.loops, *self.functions)}
+        found: dict[int, Located] = {}
+        for backward in self.backwards:
+            for node in reversed(backward.ancestors[:-1]):
+                if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
+                    if id(node) in units:
+                        found.setdefault(id(node), units[id(node)])
+                    break
+        return list(found.values())
 
     def no_sync_near(self, loop: Located) -> bool:
         """Whether `no_sync` is mentioned in the loop's class (for a method), its function,

@@ -19,6 +19,7 @@ import libcst as cst
 
 from ddpify.analysis.names import dotted
 from ddpify.analysis.training import (
+    CallIndex,
     Located,
     arguments_for,
     iterated_names,
@@ -79,6 +80,7 @@ class UnreducedMetrics(Rule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.loops = loop_facts_for(context)
+        self.index: CallIndex | None = None
 
     def visit_For(self, node: cst.For) -> None:
         self.loops.visit(node, self.context.ancestors)
@@ -113,13 +115,17 @@ class UnreducedMetrics(Rule):
     def _metrics(self, loop: Located, loaders: set[str]) -> _Metrics | None:
         if not isinstance(loop.node, cst.For):
             return None
-        over = sorted(iterated_names(loop.node) & loaders)
+        iterated = iterated_names(loop.node)
+        over = sorted(iterated & loaders)
+        function = loop.function()
+        if not over and not (function and iterated & _parameters(function)):
+            return None  # cheap tests first: most loops run over `range(epochs)`
+        accumulators = _accumulators(loop.node)
+        if not accumulators:
+            return None
         if not over:
             over = self._sharded_parameter(loop, loaders)
         if not over:
-            return None
-        accumulators = _accumulators(loop.node)
-        if not accumulators:
             return None
         scope = loop.function() or loop.ancestors[0]
         family = _derived(scope, set(accumulators))
@@ -132,7 +138,7 @@ class UnreducedMetrics(Rule):
         if function is None:
             return []
         for name in sorted(iterated_names(loop.node)):
-            passed = arguments_for(self.context.module, function, name)
+            passed = arguments_for(self._index(), function, name)
             if passed and all(dotted(value) in loaders for value in passed):
                 return [dotted(passed[0])]  # type: ignore[list-item]
         return []
@@ -156,16 +162,17 @@ class UnreducedMetrics(Rule):
                 found += _log_calls(module, callers)
         return found
 
+    def _index(self) -> CallIndex:
+        if self.index is None:
+            self.index = CallIndex(self.context.module)
+        return self.index
+
     def _returned_to(self, function: str, module: cst.Module) -> set[str]:
         """Names assigned the result of `function(...)` / `self.function(...)`, also
         unpacked (`accuracy, loss = evaluate(...)`)."""
         targets: set[str] = set()
-        for node in walk_subtree(module):
-            if (
-                isinstance(node, cst.Assign)
-                and isinstance(node.value, cst.Call)
-                and _last(node.value.func) == function
-            ):
+        for node in self._index().assigns:
+            if isinstance(node.value, cst.Call) and _last(node.value.func) == function:
                 for target in node.targets:
                     targets.update(_target_names(target.target))
         return targets
@@ -295,3 +302,8 @@ def _after(scope: cst.CSTNode, loop: cst.CSTNode) -> set[int]:
     inside = {id(n) for n in walk_subtree(loop)}
     start = next(i for i, n in enumerate(order) if n is loop)
     return {id(n) for n in order[start:] if id(n) not in inside}
+
+
+def _parameters(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    return {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}

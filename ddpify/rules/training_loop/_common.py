@@ -56,8 +56,10 @@ def insert_before(
 
 
 class LoopRule(Rule):
-    """A rule reading the file's shared LoopFacts (loops, exits, `no_sync` mentions);
-    its handlers feed the one instance (feeding a node twice is a no-op)."""
+    """A rule reading the file's shared LoopFacts. Every such rule feeds loops and
+    functions; each rule feeds the other nodes it needs itself (exits, backward calls,
+    `no_sync` mentions), so the engine calls as few handlers as possible. Feeding a node
+    twice is a no-op."""
 
     def __init__(self, context) -> None:
         super().__init__(context)
@@ -73,18 +75,6 @@ class LoopRule(Rule):
         self._feed(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._feed(node)
-
-    def visit_Break(self, node: cst.Break) -> None:
-        self._feed(node)
-
-    def visit_Return(self, node: cst.Return) -> None:
-        self._feed(node)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self._feed(node)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
         self._feed(node)
 
     def applies(self) -> bool:

@@ -59,6 +59,15 @@ class AccumulationWithoutNoSync(LoopRule):
     )
     FIX = FixAvailability.SOMETIMES
 
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+            self._feed(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value in ("no_sync", "require_backward_grad_sync"):
+            self._feed(node)
+
     def leave_Module(self, node: cst.Module) -> None:
         model = self.context.model
         if not model.method_calls.get("backward") or not self.applies():
@@ -68,9 +77,9 @@ class AccumulationWithoutNoSync(LoopRule):
         if not wrappers and not imports_ddp:
             return
         # A loop body, or a `train_step` function called once per micro-step.
-        for unit in [*self.loops.loops, *self.loops.functions]:
+        for unit in self.loops.units_with_backward():
             if self.loops.no_sync_near(unit):
-                if wrappers:
+                if wrappers and not isinstance(unit.node, cst.FunctionDef):
                     self._check_partial(unit, wrappers)
                 continue
             found = _accumulation(model, unit, wrappers)

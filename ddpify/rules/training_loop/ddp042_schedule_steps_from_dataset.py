@@ -62,12 +62,14 @@ class ScheduleStepsFromDataset(LoopRule):
         self.order = 0
 
     def visit_Call(self, node: cst.Call) -> None:
-        super().visit_Call(node)
         self.order += 1
         func = node.func
         if isinstance(func, cst.Name) and func.value == "len":
             self._place(node)
             return
+        last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
+        if not (isinstance(last, str) and (last[:1].isupper() or last.startswith("get_"))):
+            return  # loaders and schedulers are classes or `get_*` factories
         qualified = self.context.qualify(func)
         if qualified == DATALOADER:
             self._place(node)

@@ -47,6 +47,15 @@ class DivergentControlFlow(LoopRule):
         "hang in the next collective; broadcast the decision so every rank takes it"
     )
 
+    def visit_Break(self, node: cst.Break) -> None:
+        self._feed(node)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self._feed(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self._feed(node)  # sys.exit(); LoopFacts tests the name cheaply
+
     def leave_Module(self, node: cst.Module) -> None:
         if not self.loops.exits or not self.applies():
             return
