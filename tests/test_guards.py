@@ -81,6 +81,9 @@ CLASSIFY = [
     ("accelerator.is_local_main_process", ZERO_LOCAL),
     ("trainer.is_global_zero", ZERO_GLOBAL),
     ("self.trainer.is_global_zero", ZERO_GLOBAL),
+    ("trainer.is_world_process_zero()", ZERO_GLOBAL),
+    ("self.is_local_process_zero()", ZERO_LOCAL),
+    ("not trainer.is_world_process_zero()", OTHERS_GLOBAL),
     # combinations
     ("not args.distributed or args.rank == 0", ZERO_GLOBAL),
     ("not dist.is_initialized() or dist.get_rank() == 0", ZERO_GLOBAL),

@@ -50,6 +50,7 @@ _PREDICATE = re.compile(
     r"^(is_)?(local_|global_)?(main|master|primary|chief|leader|rank_?0|rank_zero|zero)"
     r"(_process|_proc|_rank|_node|_worker|_gpu)?(_only)?$"
 )
+_PROCESS_ZERO = re.compile(r"^is_(world|local)_process_zero$")
 _RANK_WORD = re.compile(r"(?:^|_)(local_?)?rank(?:$|_|\d)")
 _LOCAL_IDENTIFIERS = {"gpu", "gpu_id", "local_gpu", "device_id", "gpu_idx"}
 _DISTRIBUTED_PREDICATE = re.compile(
@@ -104,9 +105,10 @@ def _last_identifier(expr: cst.BaseExpression) -> str | None:
 
 
 def _predicate_scope(expr: cst.BaseExpression) -> Scope | None:
-    """`is_main_process()`, `self.is_master`, `args.local_master`: true on rank 0."""
+    """`is_main_process()`, `self.is_master`, `args.local_master`: true on rank 0;
+    also Hugging Face's `trainer.is_world_process_zero()` / `is_local_process_zero()`."""
     last = _last_identifier(expr)
-    if last is None or not _PREDICATE.match(last):
+    if last is None or not (_PREDICATE.match(last) or _PROCESS_ZERO.match(last)):
         return None
     return Scope.LOCAL if "local" in last else Scope.GLOBAL
 

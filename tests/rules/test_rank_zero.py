@@ -375,3 +375,50 @@ def test_rank_zero_forward_of_the_wrapper_is_a_warning():
         model.module(torch.ones(2, 2))
     """
     assert findings(source, "DDP053") == [(6, Severity.WARNING)]
+
+
+# -- DDP054 -------------------------------------------------------------------------------
+
+SHARDED_EVAL = """\
+from torch.utils.data import DataLoader, DistributedSampler
+loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds, shuffle=False))
+correct = torch.zeros(2)
+with torch.no_grad():
+    for x, y in loader:
+        correct[0] += (model(x).argmax(1) == y).sum()
+        correct[1] += len(y)
+accuracy = correct[0] / correct[1]
+if dist.get_rank() == 0:
+    print("accuracy", accuracy)
+"""
+
+
+def test_sharded_evaluation_metric_is_a_warning_where_it_is_logged():
+    assert findings(SHARDED_EVAL, "DDP054") == [(10, Severity.WARNING)]
+
+
+@pytest.mark.parametrize(
+    "reduction",
+    [
+        "dist.all_reduce(correct)\n",
+        "correct = reduce_tensor(correct)\n",
+        "torch.distributed.all_reduce(correct, op=torch.distributed.ReduceOp.SUM)\n",
+    ],
+)
+def test_any_reduction_of_the_sums_silences_it(reduction):
+    source = SHARDED_EVAL.replace("accuracy = ", reduction + "accuracy = ")
+    assert findings(source, "DDP054") == []
+
+
+def test_unsharded_loader_and_per_rank_lines_are_quiet():
+    unsharded = SHARDED_EVAL.replace(
+        "sampler=DistributedSampler(ds, shuffle=False)", "shuffle=False"
+    )
+    assert findings(unsharded, "DDP054") == []
+    per_rank = SHARDED_EVAL.replace('print("accuracy", accuracy)', "print(rank, accuracy)")
+    assert findings(per_rank, "DDP054") == []
+
+
+def test_training_loss_of_one_shard_is_info():
+    source = SHARDED_EVAL.replace("with torch.no_grad():\n", "if True:\n")
+    assert findings(source, "DDP054") == [(10, Severity.INFO)]

@@ -317,3 +317,148 @@ def test_fixed_loop_clips_the_true_gradient_norm():
 
     assert clipped_norm(source) == pytest.approx(1024.0 * true_norm, rel=1e-5)
     assert clipped_norm(fix_cleanly(source, "DDP044")) == pytest.approx(true_norm, rel=1e-5)
+
+
+# -- DDP040 -----------------------------------------------------------------------------
+
+ACCUMULATION = _dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 2))
+    calls = []
+
+    def count_allreduce(state, bucket):
+        calls.append(1)
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    model.register_comm_hook(None, count_allreduce)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(8, 4)
+    accum = 4
+    for i, x in enumerate(data.split(1)):
+        loss = model(x).pow(2).mean() / accum  # forward
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+)
+
+
+def _run_single_rank(code: str) -> dict:
+    """Run `code` as rank 0 of a one-process gloo group (DDP needs a process group)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        namespace: dict = {}
+        exec(compile(code, "loop.py", "exec"), namespace)
+        return namespace
+    finally:
+        dist.destroy_process_group()
+
+
+def test_no_sync_fix_wraps_forward_and_backward_and_imports_contextlib():
+    fixed = fix_cleanly(ACCUMULATION, "DDP040")
+    assert fixed.startswith("import contextlib\nimport torch\n")
+    assert (
+        "    with contextlib.nullcontext() if (i + 1) % accum == 0 else model.no_sync():\n"
+        "        loss = model(x).pow(2).mean() / accum  # forward\n"
+        "        loss.backward()\n"
+        "    if (i + 1) % accum == 0:\n"
+    ) in fixed
+    assert fix(fixed, ["DDP040"]) == fixed  # idempotent
+
+
+def test_no_sync_fix_skips_the_micro_step_allreduces_and_keeps_the_weights():
+    """Run before and after the fix: the same weights, one all-reduce per window."""
+    pytest.importorskip("torch")
+    before = _run_single_rank(ACCUMULATION)
+    after = _run_single_rank(fix_cleanly(ACCUMULATION, "DDP040"))
+    assert len(before["calls"]) == 8
+    assert len(after["calls"]) == 2
+    for a, b in zip(before["model"].parameters(), after["model"].parameters()):
+        assert a.detach().allclose(b.detach())
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(
+            ACCUMULATION.replace(
+                "    if (i + 1) % accum == 0:", "    step += 1\n    if step % accum == 0:"
+            ),
+            id="test-reads-a-counter-the-loop-changes",
+        ),
+        pytest.param(
+            ACCUMULATION + "optimizer.step()\n",
+            id="a-flushing-step-after-the-loop",
+        ),
+        pytest.param(
+            ACCUMULATION.replace("model = DDP(", "model = torch.nn.Linear(4, 2) if cpu else DDP("),
+            id="wrapper-may-be-a-plain-module",
+        ),
+        pytest.param(
+            ACCUMULATION.replace(
+                "if (i + 1) % accum == 0:",
+                "if should_step(i, accum):\n        pass\n    if (i + 1) % accum == 0 and ready():",
+            ),
+            id="test-calls-a-function",
+        ),
+    ],
+)
+def test_no_sync_fix_is_withheld_when_the_test_could_change_meaning(source):
+    assert "DDP040" in codes(source, ["DDP040"])
+    assert fix(source, ["DDP040"], unsafe=True) == source
+
+
+# -- DDP042 -----------------------------------------------------------------------------
+
+SCHEDULE = _dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    train_ds = TensorDataset(torch.randn(100, 2))
+    sampler = DistributedSampler(train_ds, num_replicas=4, rank=0)
+    loader = DataLoader(train_ds, batch_size=5, sampler=sampler)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    total = len(train_ds) // 5 * 2
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=total)
+    for epoch in range(2):
+        for batch in loader:
+            optimizer.step()
+            scheduler.step()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_schedule_fix_counts_the_loader_and_reaches_the_end_of_the_schedule():
+    """Run before and after on 1 of 4 shards: only the fix decays the LR to its floor."""
+    pytest.importorskip("torch")
+    fixed = fix_cleanly(SCHEDULE, "DDP042", unsafe=True)
+    assert "total = len(loader) * 2\n" in fixed
+
+    def final_lr(code: str) -> float:
+        namespace: dict = {}
+        exec(compile(code, "schedule.py", "exec"), namespace)
+        return namespace["optimizer"].param_groups[0]["lr"]
+
+    assert final_lr(SCHEDULE) == pytest.approx(0.75)  # 10 of 40 steps taken
+    assert final_lr(fixed) == pytest.approx(0.0)
+
+
+def test_schedule_fix_needs_unsafe_fixes_and_the_same_batch_size():
+    assert fix(SCHEDULE, ["DDP042"]) == SCHEDULE  # safe fixes only: unchanged
+    other_batch = SCHEDULE.replace("len(train_ds) // 5", "len(train_ds) // 10")
+    assert "DDP042" in codes(other_batch, ["DDP042"])
+    assert fix(other_batch, ["DDP042"], unsafe=True) == other_batch

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from ddpify.analysis.training import loop_facts_for
+from ddpify.rules.base import Rule
 from ddpify.walk import children
 
 if TYPE_CHECKING:
@@ -51,3 +53,31 @@ def insert_before(
     moved = new.with_changes(leading_lines=statement.leading_lines)
     body[position : position + 1] = [moved, statement.with_changes(leading_lines=())]
     return block, block.with_changes(body=body)
+
+
+class LoopRule(Rule):
+    """A rule reading the file's shared LoopFacts. Every such rule feeds loops and
+    functions; each rule feeds the other nodes it needs itself (exits, backward calls,
+    `no_sync` mentions), so the engine calls as few handlers as possible. Feeding a node
+    twice is a no-op."""
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.loops = loop_facts_for(context)
+
+    def _feed(self, node: cst.CSTNode) -> None:
+        self.loops.visit(node, self.context.ancestors)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._feed(node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._feed(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._feed(node)
+
+    def applies(self) -> bool:
+        """A distributed script that runs its own loop (not Accelerate, DeepSpeed...)."""
+        model = self.context.model
+        return model.framework is None and model.is_distributed

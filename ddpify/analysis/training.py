@@ -1,0 +1,441 @@
+"""Training-loop facts: DDP wrappers, sharded loaders, collectives, optimizer steps,
+gradient-accumulation conditions and rank-local exits.
+
+The rules of the training loop and the metrics rule ask these questions; so can the
+migration passes (`collect_loops` gives the loops of a module without the engine).
+Whole-subtree questions (`collectives_in`, `calls_in`) walk only the subtree asked
+about, so a file pays for them only where a rule found a candidate.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from ddpify.analysis.model import ScriptModel, unwrap_call_chain
+from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.walk import children, walk
+
+Ancestors = tuple[cst.CSTNode, ...]
+
+DDP = "torch.nn.parallel.DistributedDataParallel"
+DATALOADER = "torch.utils.data.DataLoader"
+DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
+DIST = "torch.distributed"
+COLLECTIVES = frozenset(
+    f"{DIST}.{name}"
+    for name in (
+        "barrier",
+        "monitored_barrier",
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_gather_coalesced",
+        "all_to_all",
+        "all_to_all_single",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+    )
+)
+# Helpers that, by their name, combine a value across ranks (`reduce_tensor`,
+# `all_reduce_mean`, `gather_metrics`, `meter.synchronize_between_processes()`).
+_REDUCING_HELPER = re.compile(r"reduce|gather|sync|broadcast|across_(ranks|processes)", re.I)
+# What the accumulation condition divides the step by: `accum`, `args.grad_accum_steps`,
+# `gradient_accumulation_steps`, `update_freq`, `iters_to_accumulate`.
+_ACCUMULATION = re.compile(r"accum|update_freq|grad_acc|micro", re.I)
+EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
+def walk_subtree(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`root` and every node below it, in source (pre-)order."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(list(children(node))))
+
+
+def own_nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Nodes below `root` that belong to its own body: nested functions, lambdas and
+    classes are skipped (they run at another time)."""
+    stack = list(reversed(list(children(root))))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(reversed(list(children(node))))
+
+
+def names_of(node: cst.CSTNode) -> set[str]:
+    """Dotted names read in `node`: `loss`, `self.model`, `args.accum` (and their heads)."""
+    found = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.Name, cst.Attribute)):
+            name = dotted(current)
+            if name is not None:
+                found.add(name)
+        if isinstance(current, cst.Attribute):
+            stack.append(current.value)  # not `attr`: `self.model` does not read `model`
+        else:
+            stack.extend(children(current))
+    return found
+
+
+# -- the DDP wrapper and sharded loaders ---------------------------------------------------
+
+
+def wraps_ddp(model: ScriptModel, value: cst.BaseExpression) -> bool:
+    """`DDP(m, ...)`, `DDP(m).to(d)`, and `DDP(m) if distributed else m`."""
+    if isinstance(value, cst.IfExp):
+        return wraps_ddp(model, value.body) or wraps_ddp(model, value.orelse)
+    call = unwrap_call_chain(value)
+    return call is not None and model.imports.qualify(call.func) == DDP
+
+
+def ddp_wrappers(model: ScriptModel) -> set[str]:
+    """Names ever assigned a DistributedDataParallel wrapper (`model`, `self.model`)."""
+    if not model.calls.get(DDP):
+        return set()
+    return {
+        target
+        for target, values in model.bindings.items()
+        if any(wraps_ddp(model, value) for value in values)
+    }
+
+
+def always_ddp(model: ScriptModel, name: str) -> bool:
+    """Every assignment to `name` is a plain DDP call (so `.no_sync()` always exists)."""
+    values = model.bindings.get(name, [])
+    return bool(values) and all(
+        not isinstance(v, cst.IfExp) and wraps_ddp(model, v) for v in values
+    )
+
+
+@dataclass(frozen=True)
+class ShardedLoader:
+    call: cst.Call
+    target: str | None
+    dataset: str | None  # the dataset argument as written, if a dotted name
+    batch_size: cst.BaseExpression | None
+
+
+def _is_sampler_value(model: ScriptModel, expr: cst.BaseExpression) -> bool:
+    call = unwrap_call_chain(expr)
+    if call is not None:
+        return model.imports.qualify(call.func) == DISTRIBUTED_SAMPLER
+    name = dotted(expr)
+    return name is not None and any(
+        _is_sampler_value(model, value)
+        for value in model.bindings.get(name, [])
+        if not isinstance(value, cst.Name) or dotted(value) != name
+    )
+
+
+def sampled_datasets(model: ScriptModel) -> set[str]:
+    """Datasets handed to a DistributedSampler, as written (`train_ds`, `self.dataset`)."""
+    found = set()
+    for call in model.calls.get(DISTRIBUTED_SAMPLER, []):
+        arg = find_arg(call, "dataset", 0)
+        name = dotted(arg.value) if arg is not None else None
+        if name is not None:
+            found.add(name)
+    return found
+
+
+def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
+    """DataLoaders whose sampler is a DistributedSampler (inline, by name, or over the
+    same dataset a DistributedSampler is built on)."""
+    loaders = model.calls.get(DATALOADER, [])
+    if not loaders or not model.calls.get(DISTRIBUTED_SAMPLER):
+        return []
+    targets: dict[int, str] = {}
+    for target, values in model.bindings.items():
+        for value in values:
+            call = unwrap_call_chain(value)
+            if call is not None:
+                targets[id(call)] = target
+    sampled = sampled_datasets(model)
+    found = []
+    for call in loaders:
+        dataset_arg = find_arg(call, "dataset", 0)
+        dataset = dotted(dataset_arg.value) if dataset_arg is not None else None
+        sampler = find_arg(call, "sampler", 3)
+        by_sampler = sampler is not None and _is_sampler_value(model, sampler.value)
+        if by_sampler or (dataset is not None and dataset in sampled and sampler is not None):
+            batch = find_arg(call, "batch_size", 1)
+            found.append(
+                ShardedLoader(call, targets.get(id(call)), dataset, batch.value if batch else None)
+            )
+    return found
+
+
+# -- calls -----------------------------------------------------------------------------------
+
+
+def is_collective(model: ScriptModel, call: cst.Call, wrappers: set[str]) -> bool:
+    """A call every rank must make: a `torch.distributed` collective, the forward of a
+    DDP wrapper, or a backward when the script has one (DDP all-reduces in it)."""
+    if model.imports.qualify(call.func) in COLLECTIVES:
+        return True
+    if not wrappers:
+        return False
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        func = func.value
+    if dotted(func) in wrappers:
+        return True
+    return method_name(call) == "backward"
+
+
+def collectives_in(
+    model: ScriptModel, root: cst.CSTNode, wrappers: set[str], depth: int = 2
+) -> list[cst.Call]:
+    """Collectives run by `root`, also inside the script's own functions it calls
+    (`train_one_epoch(...)`, `self.evaluate()`), `depth` calls deep."""
+    found = []
+    for node in own_nodes(root):
+        if not isinstance(node, cst.Call):
+            continue
+        if is_collective(model, node, wrappers):
+            found.append(node)
+        elif depth > 0:
+            helper = _helper_called(model, node)
+            if helper is not None and helper is not root:
+                if collectives_in(model, helper, wrappers, depth - 1):
+                    found.append(node)
+    return found
+
+
+def _helper_called(model: ScriptModel, call: cst.Call) -> cst.FunctionDef | None:
+    """The function of this file that `call` runs (by name: `f(...)`, `self.f(...)`)."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return model.functions.get(func.value)
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        if func.value.value in {"self", "cls"}:
+            return model.functions.get(func.attr.value)
+    return None
+
+
+def parameter_index(function: cst.FunctionDef, name: str) -> tuple[int | None, bool]:
+    """Position of parameter `name` (skipping `self`), and whether it is one at all."""
+    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    if params and params[0] in {"self", "cls"}:
+        params = params[1:]
+    if name in params:
+        return params.index(name), True
+    kwonly = {p.name.value for p in function.params.kwonly_params}
+    return None, name in kwonly
+
+
+class CallIndex:
+    """Calls of a module by the last part of their name (`f` of `f()`, `self.f()`), and
+    its assignments: built by one walk, for questions about a module's call sites."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.by_name: dict[str, list[cst.Call]] = {}
+        self.assigns: list[cst.Assign] = []
+        for node in walk_subtree(module):
+            if isinstance(node, cst.Call):
+                func = node.func
+                name = func.attr.value if isinstance(func, cst.Attribute) else dotted(func)
+                if name is not None:
+                    self.by_name.setdefault(name, []).append(node)
+            elif isinstance(node, cst.Assign):
+                self.assigns.append(node)
+
+
+def arguments_for(
+    index: CallIndex, function: cst.FunctionDef, name: str
+) -> list[cst.BaseExpression]:
+    """What the script's calls of `function` pass for its parameter `name`."""
+    position, is_parameter = parameter_index(function, name)
+    if not is_parameter:
+        return []
+    found = []
+    for call in index.by_name.get(function.name.value, ()):
+        arg = find_arg(call, name, position)
+        if arg is not None:
+            found.append(arg.value)
+    return found
+
+
+def is_reducing_call(model: ScriptModel, call: cst.Call) -> bool:
+    """A collective, or a helper named for reducing across ranks."""
+    if model.imports.qualify(call.func) in COLLECTIVES:
+        return True
+    name = dotted(call.func)
+    return name is not None and bool(_REDUCING_HELPER.search(name.rsplit(".", 1)[-1]))
+
+
+def reduced_names(model: ScriptModel, root: cst.CSTNode) -> set[str]:
+    """Names handed to (or the receivers of) reducing calls anywhere below `root`."""
+    found: set[str] = set()
+    for node in walk_subtree(root):
+        if isinstance(node, cst.Call) and is_reducing_call(model, node):
+            for arg in node.args:
+                found |= names_of(arg.value)
+            if isinstance(node.func, cst.Attribute):
+                found |= names_of(node.func.value)
+    return found
+
+
+def is_exit_call(node: cst.CSTNode) -> bool:
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    return last in _EXIT_NAMES and dotted(func) in EXIT_CALLS  # cheap test first
+
+
+_EXIT_NAMES = {"exit", "quit", "_exit"}
+
+
+def is_optimizer_step(call: cst.Call) -> bool:
+    """`optimizer.step()`, `self.opt.step()`, `scaler.step(optimizer)`; not schedulers."""
+    if method_name(call) != "step":
+        return False
+    receiver = (dotted(call.func.value) or "").lower()  # type: ignore[attr-defined]
+    if "sched" in receiver or "lr" in receiver.rsplit(".", 1)[-1]:
+        return False
+    return "opt" in receiver or "scaler" in receiver
+
+
+def accumulation_test(test: cst.BaseExpression, model: ScriptModel | None = None) -> bool:
+    """`(i + 1) % accum == 0`, `step % args.grad_accum_steps == 0 or last`: a test on a
+    step counter modulo an accumulation count; with `model`, also a name assigned such a
+    test (`sync = (i + 1) % accum == 0` ... `if sync:`)."""
+    if model is not None:
+        for name in names_of(test):
+            if any(accumulation_test(value) for value in model.bindings.get(name, ())):
+                return True
+    for node in walk_subtree(test):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            if any(_ACCUMULATION.search(name) for name in names_of(node.right)):
+                return True
+    return False
+
+
+# -- loops -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Located:
+    """A node and its ancestry (module first, the node last)."""
+
+    node: cst.CSTNode
+    ancestors: Ancestors
+
+    def function(self) -> cst.FunctionDef | None:
+        for node in reversed(self.ancestors[:-1]):
+            if isinstance(node, cst.FunctionDef):
+                return node
+        return None
+
+    def scope(self) -> cst.CSTNode:
+        """The class of a method, else the function, else the module, holding the node."""
+        function = self.node if isinstance(self.node, cst.FunctionDef) else self.function()
+        if function is None:
+            return self.ancestors[0]
+        index = self.ancestors.index(function)
+        if index > 1 and isinstance(self.ancestors[index - 2], cst.ClassDef):
+            return self.ancestors[index - 2]
+        return function
+
+
+@dataclass
+class LoopFacts:
+    """Loops and exits of one file, recorded during the engine's visit."""
+
+    loops: list[Located] = field(default_factory=list)
+    functions: list[Located] = field(default_factory=list)
+    exits: list[Located] = field(default_factory=list)  # break, return, sys.exit()
+    # Mentions of `no_sync` / `require_backward_grad_sync`.
+    no_sync: list[Located] = field(default_factory=list)
+    backwards: list[Located] = field(default_factory=list)  # `<x>.backward(...)` calls
+    _last: cst.CSTNode | None = None
+
+    def visit(self, node: cst.CSTNode, ancestors: Sequence[cst.CSTNode]) -> None:
+        """Record `node` (several rules may feed one instance: a repeat is a no-op)."""
+        if node is self._last:
+            return
+        self._last = node
+        if isinstance(node, (cst.For, cst.While)):
+            self.loops.append(Located(node, tuple(ancestors)))
+        elif isinstance(node, cst.FunctionDef):
+            self.functions.append(Located(node, tuple(ancestors)))
+        elif isinstance(node, cst.Call):
+            if method_name(node) == "backward":
+                self.backwards.append(Located(node, tuple(ancestors)))
+            elif is_exit_call(node):
+                self.exits.append(Located(node, tuple(ancestors)))
+        elif isinstance(node, (cst.Break, cst.Return)):
+            self.exits.append(Located(node, tuple(ancestors)))
+        elif isinstance(node, cst.Attribute) and node.attr.value in _NO_SYNC:
+            self.no_sync.append(Located(node, tuple(ancestors)))
+
+    def units_with_backward(self) -> list[Located]:
+        """The innermost loop or function around each backward call, once each."""
+        units = {id(u.node): u for u in (*self.loops, *self.functions)}
+        found: dict[int, Located] = {}
+        for backward in self.backwards:
+            for node in reversed(backward.ancestors[:-1]):
+                if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
+                    if id(node) in units:
+                        found.setdefault(id(node), units[id(node)])
+                    break
+        return list(found.values())
+
+    def no_sync_near(self, loop: Located) -> bool:
+        """Whether `no_sync` is mentioned in the loop's class (for a method), its function,
+        or anywhere (for a loop at module level)."""
+        scope = loop.scope()
+        return any(scope in mention.ancestors for mention in self.no_sync)
+
+
+_NO_SYNC = {"no_sync", "require_backward_grad_sync"}
+_LOOP_FACTS: weakref.WeakKeyDictionary[object, LoopFacts] = weakref.WeakKeyDictionary()
+
+
+def loop_facts_for(context: object) -> LoopFacts:
+    """One shared record per linted file (keyed by the engine's context)."""
+    found = _LOOP_FACTS.get(context)
+    if found is None:
+        found = _LOOP_FACTS[context] = LoopFacts()
+    return found
+
+
+def collect_loops(module: cst.Module) -> LoopFacts:
+    """Loop facts of `module` from a traversal of its own (outside the lint engine)."""
+    facts, ancestors = LoopFacts(), []
+
+    def enter(node: cst.CSTNode) -> None:
+        ancestors.append(node)
+        facts.visit(node, ancestors)
+
+    walk(module, enter, lambda node: ancestors.pop())
+    return facts
+
+
+def iterated_names(loop: cst.For) -> set[str]:
+    """What a `for` loop iterates: `loader` of `enumerate(tqdm(loader))`."""
+    return names_of(loop.iter)
+
+
+def loop_over(loop: cst.CSTNode, loaders: set[str]) -> bool:
+    return isinstance(loop, cst.For) and bool(iterated_names(loop) & loaders)

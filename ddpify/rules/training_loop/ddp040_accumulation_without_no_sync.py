@@ -1,0 +1,320 @@
+"""DDP040: gradient accumulation that all-reduces on every micro-step.
+
+The pattern: a loop whose body runs a backward on every iteration and steps the
+optimizer only under an accumulation test (`if (i + 1) % accum == 0:`), with the
+DDP wrapper's forward in the loop and no `no_sync` anywhere in the file. A `no_sync`
+block around the backward alone (the forward ran before it) is reported too: DDP
+decides in the forward whether the next backward synchronises.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.training import (
+    DDP,
+    Located,
+    accumulation_test,
+    always_ddp,
+    ddp_wrappers,
+    is_optimizer_step,
+    names_of,
+    own_nodes,
+)
+from ddpify.diagnostics import Applicability, FixAvailability, Severity
+from ddpify.rules.base import NodeFix
+from ddpify.rules.training_loop._common import LoopRule
+from ddpify.walk import children
+
+_MODEL_NAME = re.compile(r"^(ddp_)?(model|net|network|module)$", re.I)
+_ASSIGNING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For)
+
+
+@dataclass(frozen=True)
+class _Accumulation:
+    """One accumulation loop: its body statements and where backward and step are."""
+
+    loop: Located
+    body: list[cst.BaseStatement]
+    wrapper: str
+    backward: cst.Call
+    backward_index: int  # the body statement holding the backward
+    step_if: cst.If  # the `if <accumulation test>:` that steps the optimizer
+    forward_index: int | None  # the first body statement that uses the wrapper
+
+
+class AccumulationWithoutNoSync(LoopRule):
+    """Accumulation micro-steps that all-reduce gradients nobody uses yet."""
+
+    CODE = "DDP040"
+    NAME = "accumulation-without-no_sync"
+    SEVERITY = Severity.WARNING
+    MESSAGE = (
+        "the backward all-reduces gradients on every accumulation micro-step; run the "
+        "forward and backward of the micro-steps under `model.no_sync()`"
+    )
+    FIX = FixAvailability.SOMETIMES
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+            self._feed(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value in ("no_sync", "require_backward_grad_sync"):
+            self._feed(node)
+
+    def leave_Module(self, node: cst.Module) -> None:
+        model = self.context.model
+        if not model.method_calls.get("backward") or not self.applies():
+            return
+        wrappers = ddp_wrappers(model)
+        imports_ddp = DDP in self.context.imports.aliases.values()
+        if not wrappers and not imports_ddp:
+            return
+        # A loop body, or a `train_step` function called once per micro-step.
+        for unit in self.loops.units_with_backward():
+            if self.loops.no_sync_near(unit):
+                if wrappers and not isinstance(unit.node, cst.FunctionDef):
+                    self._check_partial(unit, wrappers)
+                continue
+            found = _accumulation(model, unit, wrappers)
+            if found is not None:
+                self._report(found)
+            elif imports_ddp:
+                self._report_unknown_wrapper(model, unit)
+
+    def _report_unknown_wrapper(self, model, unit: Located) -> None:
+        """The model is wrapped elsewhere (it arrives as an argument or attribute):
+        the same pattern, at info level, since it may not be DDP at all."""
+        found = _accumulation(model, unit, {"<any>"}, any_model=True)
+        if found is None:
+            return
+        backward = self.context.code(found.backward.func).removesuffix(".backward")
+        test = self.context.code(found.step_if.test)
+        message = (
+            f"`{backward}.backward()` runs on every micro-step while the optimizer steps only "
+            f"when `{test}`; if `{found.wrapper}` is a DistributedDataParallel wrapper, every "
+            f"micro-step all-reduces the gradients: run them under `{found.wrapper}.no_sync()`"
+        )
+        self.report(found.backward, message, severity=Severity.INFO)
+
+    # -- the plain case: no no_sync at all ------------------------------------------
+
+    def _report(self, found: _Accumulation) -> None:
+        backward = self.context.code(found.backward.func).removesuffix(".backward")
+        test = self.context.code(found.step_if.test)
+        message = (
+            f"`{backward}.backward()` all-reduces the gradients on every micro-step, but the "
+            f"optimizer steps only when `{test}`; run the forward and backward of the other "
+            f"micro-steps under `{found.wrapper}.no_sync()`"
+        )
+        self.report(found.backward, message, fix=self._fix(found))
+
+    def _fix(self, found: _Accumulation) -> NodeFix | None:
+        if found.forward_index is None or not _safe_to_wrap(self.context.model, found):
+            return None
+        nullcontext, import_fix = self._nullcontext()
+        if nullcontext is None:
+            return None
+        test = found.step_if.test
+        shown = self.context.code(test).strip()
+        if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.NamedExpr)):
+            shown = f"({shown})"
+        header = f"with {nullcontext}() if {shown} else {found.wrapper}.no_sync():\n    pass\n"
+        template = cst.parse_statement(header)
+        wrapped = found.body[found.forward_index : found.backward_index + 1]
+        first = wrapped[0]
+        block = cst.IndentedBlock(body=[wrapped[0].with_changes(leading_lines=()), *wrapped[1:]])
+        with_statement = template.with_changes(body=block, leading_lines=first.leading_lines)
+        body = list(found.body)
+        body[found.forward_index : found.backward_index + 1] = [with_statement]
+        loop_body = found.loop.node.body
+        replacements = [(loop_body, loop_body.with_changes(body=body))]
+        if import_fix is not None:
+            replacements.append(import_fix)
+        return NodeFix(
+            f"Run the micro-steps' forward and backward under `{found.wrapper}.no_sync()`",
+            tuple(replacements),
+            Applicability.SAFE,
+        )
+
+    def _nullcontext(self) -> tuple[str | None, tuple[cst.CSTNode, cst.CSTNode] | None]:
+        """How to spell `contextlib.nullcontext`, and an import to add when there is none."""
+        aliases = self.context.imports.aliases
+        for local, full in aliases.items():
+            if full == "contextlib.nullcontext":
+                return local, None
+            if full == "contextlib":
+                return f"{local}.nullcontext", None
+        module = self.context.module
+        for statement in module.body:
+            if _is_plain_import(statement):
+                new = cst.parse_statement("import contextlib\n")
+                flattened = cst.FlattenSentinel(
+                    [
+                        new.with_changes(leading_lines=statement.leading_lines),
+                        statement.with_changes(leading_lines=()),
+                    ]
+                )
+                return "contextlib.nullcontext", (statement, flattened)
+        return None, None
+
+    # -- no_sync around the backward only ------------------------------------------
+
+    def _check_partial(self, loop: Located, wrappers: set[str]) -> None:
+        """`with model.no_sync(): loss.backward()` after a forward outside the block."""
+        for node in own_nodes(loop.node):
+            if not isinstance(node, cst.With):
+                continue
+            for item in node.items:
+                call = item.item
+                if not (isinstance(call, cst.Call) and method_name(call) == "no_sync"):
+                    continue
+                wrapper = dotted(call.func.value)  # type: ignore[attr-defined]
+                if wrapper in wrappers and _forward_outside(loop.node, node, wrapper):
+                    message = (
+                        f"`{self.context.code(call)}` wraps the backward only; the forward ran "
+                        "outside it, so the gradients are still all-reduced on every "
+                        "micro-step; move the forward into the `no_sync` block"
+                    )
+                    self.report(call, message)
+
+
+def _forward_outside(loop: cst.CSTNode, block: cst.With, wrapper: str) -> bool:
+    """The block runs a backward but not the wrapper, which the loop calls elsewhere."""
+    inside = list(own_nodes(block.body))
+    if not any(isinstance(n, cst.Call) and method_name(n) == "backward" for n in inside):
+        return False
+    if wrapper in names_of(block.body):
+        return False
+    ids = {id(n) for n in inside}
+    return any(
+        isinstance(n, cst.Call) and dotted(n.func) == wrapper and id(n) not in ids
+        for n in own_nodes(loop)
+    )
+
+
+def _is_plain_import(statement: cst.CSTNode) -> bool:
+    """A top-level `import x` / `from x import y` line (not `from __future__`)."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, cst.Import):
+            return True
+        if isinstance(small, cst.ImportFrom):
+            return dotted(small.module) != "__future__" if small.module else True
+    return False
+
+
+def _accumulation(
+    model, loop: Located, wrappers: set[str], any_model: bool = False
+) -> _Accumulation | None:
+    """The accumulation pattern in a loop or function body; `any_model`: take the first
+    name that reads as a model (`self.model`, `net`) for the wrapper."""
+    node = loop.node
+    if not isinstance(node.body, cst.IndentedBlock):
+        return None
+    body = list(node.body.body)
+    backward = _backward_in(body)
+    if backward is None:
+        return None
+    index, call = backward
+    step_if = _accumulation_step(model, body[index + 1 :])
+    if step_if is None:
+        return None
+    used = names_of(node)
+    if any_model:
+        wrappers = {name for name in used if _MODEL_NAME.search(name.rsplit(".", 1)[-1])}
+    wrapper = next((w for w in sorted(wrappers) if w in used), None)
+    if wrapper is None:
+        return None
+    forward = next((i for i, s in enumerate(body[: index + 1]) if wrapper in names_of(s)), None)
+    return _Accumulation(loop, body, wrapper, call, index, step_if, forward)
+
+
+def _backward_in(body: list[cst.BaseStatement]) -> tuple[int, cst.Call] | None:
+    """The body statement (and the call) running `.backward()` on every iteration:
+    directly, or in a `with` block (autocast, no_sync), never under an `if`."""
+    for index, statement in enumerate(body):
+        for node in _unconditional(statement):
+            if isinstance(node, cst.Call) and method_name(node) == "backward":
+                return index, node
+    return None
+
+
+def _unconditional(statement: cst.CSTNode):
+    """Nodes of `statement` that run whenever it runs (not under an if, loop or try)."""
+    stack = [statement]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (cst.If, cst.For, cst.While, cst.Try, cst.FunctionDef, cst.Lambda)):
+            continue
+        if isinstance(node, cst.ClassDef):
+            continue
+        stack.extend(_children(node))
+
+
+def _children(node: cst.CSTNode):
+    return reversed(list(children(node)))
+
+
+def _accumulation_step(model, statements: list[cst.BaseStatement]) -> cst.If | None:
+    for statement in statements:
+        if isinstance(statement, cst.If) and accumulation_test(statement.test, model):
+            if any(
+                isinstance(n, cst.Call) and is_optimizer_step(n) for n in own_nodes(statement.body)
+            ):
+                return statement
+    return None
+
+
+def _safe_to_wrap(model, found: _Accumulation) -> bool:
+    """The fix evaluates the step test before the forward: it must mean the same there.
+
+    So: the wrapper is always a DDP object (it has `no_sync`), the test calls nothing
+    but `len` and reads nothing the loop body assigns, and the loop steps the optimizer
+    nowhere else (a step outside the test would use unsynchronised gradients).
+    """
+    if not always_ddp(model, found.wrapper):
+        return False
+    test = found.step_if.test
+    for node in own_nodes(test):
+        if isinstance(node, cst.Call) and dotted(node.func) not in {"len", "int"}:
+            return False
+    assigned = set()
+    for node in own_nodes(found.loop.node.body):
+        if isinstance(node, _ASSIGNING):
+            targets = _targets(node)
+            assigned |= {name for t in targets for name in names_of(t)}
+    if names_of(test) & assigned:
+        return False
+    steps = [
+        n
+        for n in own_nodes(found.loop.node.body)
+        if isinstance(n, cst.Call) and is_optimizer_step(n)
+    ]
+    in_test = {id(n) for n in own_nodes(found.step_if.body) if isinstance(n, cst.Call)}
+    if not all(id(step) in in_test for step in steps):
+        return False
+    # A step after the loop (flushing the last partial window) would use gradients the
+    # no_sync micro-steps left unsynchronised.
+    scope = found.loop.function() or found.loop.ancestors[0]
+    inside = {id(n) for n in own_nodes(found.loop.node)}
+    return not any(
+        isinstance(n, cst.Call) and is_optimizer_step(n) and id(n) not in inside
+        for n in own_nodes(scope)
+    )
+
+
+def _targets(node: cst.CSTNode) -> list[cst.CSTNode]:
+    if isinstance(node, cst.Assign):
+        return [t.target for t in node.targets]
+    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For)):
+        return [node.target]
+    return []
