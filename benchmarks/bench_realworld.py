@@ -227,11 +227,44 @@ class Runner:
             f"{shlex.quote(self.python)} -m ddpify verify {name} {converted} --nproc 2 "
             f"--steps 3 --timeout {2 * row.timeout_s} --output-format json -- {row.args}"
         )
-        code, out = self.shell(command, cwd, env, 6 * row.timeout_s + 60)
-        outcome.verify = {0: "match", 1: "mismatch"}.get(code, "inconclusive")
-        outcome.details["verify_output"] = out[-4000:]
-        if code != 0 and not outcome.why:
-            outcome.why = f"verify {outcome.verify}: {verify_reason(out)}"
+        try:
+            done = subprocess.run(
+                ["bash", "-c", command],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=6 * row.timeout_s + 60,
+            )
+        except subprocess.TimeoutExpired:
+            outcome.verify = "inconclusive"
+            outcome.why = outcome.why or "verify inconclusive: timed out"
+            return
+        outcome.verify = {0: "match", 1: "mismatch"}.get(done.returncode, "inconclusive")
+        report = _json_report(done.stdout)
+        if report is None:
+            outcome.details["verify_output"] = (done.stdout + done.stderr)[-4000:]
+            reason = first_error(done.stdout + done.stderr)
+        else:
+            report.pop("original_output", None)
+            report.pop("converted_output", None)
+            outcome.details["verify"] = report
+            reason = report.get("message") or ""
+            if report.get("inconclusive"):
+                reason += f" ({'; '.join(map(str, report['inconclusive']))[:200]})"
+        if done.returncode != 0 and not outcome.why:
+            outcome.why = f"verify {outcome.verify}: {reason[:300]}"
+
+
+def _json_report(stdout: str) -> dict | None:
+    start = stdout.find("{")
+    if start < 0:
+        return None
+    try:
+        report, _ = json.JSONDecoder().raw_decode(stdout[start:])
+    except json.JSONDecodeError:
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def first_line_after(text: str, marker: str) -> str:
@@ -247,18 +280,6 @@ def refusal_reason(text: str) -> str:
         if "not migrated" in low or "reason" in low or "refus" in low:
             return line.strip()[:240]
     return first_error(text)
-
-
-def verify_reason(out: str) -> str:
-    start = out.find("{")
-    try:
-        report = json.loads(out[start:]) if start >= 0 else {}
-    except json.JSONDecodeError:
-        return first_error(out)
-    for key in ("reason", "verdict", "message", "summary"):
-        if isinstance(report.get(key), str) and report[key]:
-            return report[key][:240]
-    return first_error(out)
 
 
 def summary(outcomes: list[Outcome]) -> str:

@@ -110,7 +110,14 @@ def test_unedited_lines_survive_byte_for_byte(case):
     comments = [line for line in before.splitlines() if line.lstrip().startswith("#")]
     for comment in comments:
         assert comment.strip() in after
-    kept = [line for line in before.splitlines() if line in after.splitlines()]
+    # Code inline under the __main__ guard moves into the `try:` that destroys the
+    # process group: one indent deeper, otherwise unchanged.
+    after_lines = set(after.splitlines())
+    kept = [
+        line
+        for line in before.splitlines()
+        if line in after_lines or (line.strip() and "    " + line in after_lines)
+    ]
     assert len(kept) >= 0.6 * len(before.splitlines())
 
 

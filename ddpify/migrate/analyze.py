@@ -13,6 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.trained import trained_modules
 from ddpify.migrate.report import Change, HumanItem
 from ddpify.migrate.tree import Tree
 
@@ -178,12 +179,7 @@ def model_names(tree: Tree) -> set[str]:
     """Names that hold the model: `X` in `optim.SGD(X.parameters())`, DDP/DP targets,
     and the parameters of the script's functions that receive one of them."""
     names: set[str] = set()
-    for call in optimizer_calls(tree):
-        for inner in tree.within(call, cst.Call):
-            if method_name(inner) in ("parameters", "named_parameters"):
-                name = dotted(inner.func.value)  # type: ignore[union-attr]
-                if name:
-                    names.add(name)
+    names.update(trained_modules(optimizer_calls(tree)))
     for call in tree.calls_to(DDP, DATA_PARALLEL):
         target = bound_target(tree, call)
         if target:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.trained import parameter_owners
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -199,32 +200,52 @@ def _hoist(edits: Edits, owner: cst.If) -> None:
 
 
 def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
-    optimizer = optimizer_calls(tree)
-    if not optimizer:
+    """Wrap every module an optimizer trains (a GAN's generator and discriminator alike)."""
+    optimizers = optimizer_calls(tree)
+    if not optimizers:
         raise NotMigrated(Shape.UNKNOWN, "no torch.optim optimizer found; cannot tell the model")
-    target = _parameters_owner(tree, optimizer[0])
-    binding = _binding(tree, target, optimizer[0]) if target else None
-    if binding is None:
-        raise NotMigrated(
-            Shape.UNKNOWN,
-            f"cannot find where the model `{target}` is built in this file; wrap it in "
-            "DistributedDataParallel where it is built",
-        )
-    place = _last_preparation(tree, target, binding)  # type: ignore[arg-type]
-    inserted = []
-    if _wants_sync_bn(tree, plan):
-        inserted.append(_sync_bn(plan, target))  # type: ignore[arg-type]
-    wrap = snippets.statement(f"{target} = {_ddp_call(plan, target)}")  # type: ignore[arg-type]
-    inserted.append(wrap)
-    edits.after[place].extend(inserted)
-    plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
-    return [(target, place)]
+    already = {bound_target(tree, call) for call in tree.calls_to(DDP)}
+    wrapped = []
+    for target, binding in _trained_bindings(tree, optimizers):
+        if target in already or any(target == name for name, _ in wrapped):
+            continue
+        place = _last_preparation(tree, target, binding)
+        inserted = []
+        if _wants_sync_bn(tree, plan):
+            inserted.append(_sync_bn(plan, target))
+        inserted.append(snippets.statement(f"{target} = {_ddp_call(plan, target)}"))
+        edits.after[place].extend(inserted)
+        plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
+        wrapped.append((target, place))
+    return wrapped
 
 
-def _parameters_owner(tree: Tree, optimizer: cst.Call) -> str | None:
-    for inner in tree.within(optimizer, cst.Call):
-        if method_name(inner) in ("parameters", "named_parameters"):
-            return dotted(inner.func.value)  # type: ignore[union-attr]
+def _trained_bindings(tree: Tree, optimizers: list[cst.Call]) -> list:
+    """(name, the statement that builds it) for each trained module; `model.fc` in a
+    per-layer optimizer resolves to the `model` it belongs to."""
+    found = []
+    for optimizer in optimizers:
+        for owner in parameter_owners(optimizer):
+            resolved = _resolve_owner(tree, owner, optimizer)
+            if resolved is None:
+                line = tree.code(tree.statement(optimizer)).strip().splitlines()[0]
+                raise NotMigrated(
+                    Shape.UNKNOWN,
+                    f"cannot find where the model `{owner}` trained by `{line}` is built in "
+                    "this file; wrap it in DistributedDataParallel where it is built",
+                )
+            found.append(resolved)
+    return found
+
+
+def _resolve_owner(tree: Tree, owner: str, near: cst.CSTNode):
+    parts = owner.split(".")
+    while parts and parts != ["self"]:
+        name = ".".join(parts)
+        binding = _binding(tree, name, near)
+        if binding is not None:
+            return name, binding
+        parts = parts[:-1]
     return None
 
 
@@ -258,6 +279,10 @@ def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseSta
         while isinstance(owner, (cst.Else, cst.If)) and tree.statement(owner) is not owner:
             owner = tree.parent.get(owner)
         if isinstance(owner, (cst.If, cst.Try)) and tree.statement(owner) is owner:
+            # The __main__ guard and a try/finally (the one that destroys the process
+            # group) hold the whole run: the wrap belongs inside them.
+            if owner is tree.main_guard() or getattr(owner, "finalbody", None) is not None:
+                return statement
             statement = owner
             continue
         return statement
