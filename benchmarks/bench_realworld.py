@@ -115,9 +115,12 @@ class Runner:
         self.python = args.python
         self.corpus = Path(args.corpus)
         self.skip_original = args.skip_original
+        self.factor = args.timeout_factor
 
     def env(self, row: Row) -> dict[str, str]:
         env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+        # `python` in a row's setup means the training interpreter, with the rows' packages.
+        env["PATH"] = os.pathsep.join([str(Path(self.python).parent), env.get("PATH", "")])
         for word in shlex.split(row.env):
             key, _, value = word.partition("=")
             env[key] = value
@@ -164,15 +167,14 @@ class Runner:
         if self.skip_original:
             outcome.original = "skipped"
         else:
-            code, out = self.shell(
-                f"{shlex.quote(self.python)} {name} {row.args}", cwd, env, 2 * row.timeout_s
-            )
+            command = f"{shlex.quote(self.python)} {name} {row.args}"
+            code, out = self.shell(command, cwd, env, self.factor * row.timeout_s)
             outcome.original = "ok" if code == 0 else ("timeout" if code is None else "failed")
             if code != 0:
                 outcome.why = f"original: {first_error(out)}"
         if not self.migrate(row, cwd, name, converted, outcome):
             return
-        limit = 2 * row.timeout_s
+        limit = self.factor * row.timeout_s
         code, out = self.shell(
             f"{shlex.quote(self.python)} {converted} {row.args}", cwd, env, limit
         )
@@ -225,7 +227,8 @@ class Runner:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         command = (
             f"{shlex.quote(self.python)} -m ddpify verify {name} {converted} --nproc 2 "
-            f"--steps 3 --timeout {2 * row.timeout_s} --output-format json -- {row.args}"
+            f"--steps 3 --timeout {int(self.factor * row.timeout_s)} --output-format json "
+            f"-- {row.args}"
         )
         try:
             done = subprocess.run(
@@ -234,7 +237,7 @@ class Runner:
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=6 * row.timeout_s + 60,
+                timeout=3 * self.factor * row.timeout_s + 60,
             )
         except subprocess.TimeoutExpired:
             outcome.verify = "inconclusive"
@@ -314,6 +317,13 @@ def main() -> int:
     parser.add_argument("--python", default=default_python, help="interpreter for training runs")
     parser.add_argument("--jobs", type=int, default=1, help="rows run in parallel")
     parser.add_argument("--json", help="write every row's outcome here")
+    parser.add_argument(
+        "--timeout-factor",
+        type=float,
+        default=2.0,
+        help="each run may take this many times the row's timeout_s (default 2; raise it on a "
+        "loaded machine)",
+    )
     parser.add_argument(
         "--skip-original",
         action="store_true",
