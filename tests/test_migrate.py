@@ -6,6 +6,7 @@ files; read the diff before committing it.
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 
@@ -256,6 +257,65 @@ def test_scripts_it_does_not_understand_are_left_untouched(source, reason):
     assert not result.migrated
     assert reason in result.reason
     assert result.output == source
+
+
+HAND_MADE = (
+    "import torch\nmodel = torch.nn.Linear(2, 1)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "x, y = torch.randn(64, 2), torch.randn(64, 1)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("loop", "reason"),
+    [
+        (
+            "for epoch in range(3):\n    loss = ((model(x) - y) ** 2).mean()\n"
+            "    loss.backward()\n    opt.step()\n",
+            "full-batch training: `loss = ((model(x) - y) ** 2).mean()`",
+        ),
+        (
+            "for i in range(64):\n    xb, yb = x[[i]], y[[i]]\n"
+            "    ((model(xb) - yb) ** 2).mean().backward()\n    opt.step()\n",
+            "`xb, yb = x[[i]], y[[i]]` trains on one example per step",
+        ),
+        (
+            "h = torch.zeros(8, 1)\nfor i in range(0, 64, 8):\n    xb = x[i:i + 8]\n"
+            "    out, h = model(xb, h)\n    out.sum().backward()\n    opt.step()\n",
+            "carries `h` from step to step",
+        ),
+    ],
+)
+def test_hand_made_batches_that_cannot_be_split_are_refused_with_the_line(loop, reason):
+    result = migrate_source(HAND_MADE + loop, "t.py")
+    assert not result.migrated
+    assert reason in result.reason
+
+
+def test_hand_made_batch_is_split_where_it_enters_the_step():
+    loop = (
+        "for i in range(0, 64, 8):\n    xb, yb = x[i:i + 8], y[i:i + 8]\n"
+        "    ((model(xb) - yb) ** 2).mean().backward()\n    opt.step()\n"
+    )
+    result = migrate_source(HAND_MADE + loop, "t.py")
+    assert result.migrated
+    body = result.output.split("xb, yb = x[i:i + 8], y[i:i + 8]\n", 1)[1].splitlines()
+    assert (
+        body[1].strip()
+        == "xb = xb[RANK * len(xb) // WORLD_SIZE : (RANK + 1) * len(xb) // WORLD_SIZE]"
+    )
+    assert (
+        body[2].strip()
+        == "yb = yb[RANK * len(yb) // WORLD_SIZE : (RANK + 1) * len(yb) // WORLD_SIZE]"
+    )
+    assert "lr=0.1)" in result.output  # same global batch: the learning rate stays
+    assert result.hand_made and "Sharding:" in render(result)
+
+
+def render(result) -> str:
+    stream = io.StringIO()
+    result.render(stream)
+    return stream.getvalue()
 
 
 # -- gates ------------------------------------------------------------------------------

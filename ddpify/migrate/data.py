@@ -20,6 +20,7 @@ from ddpify.migrate.analyze import (
     NotMigrated,
     Plan,
     Shape,
+    hand_made_batches,
     optimizer_calls,
     train_loaders,
 )
@@ -56,7 +57,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
-        _batch_and_lr(tree, plan, edits, loaders)
+        hand_made = _shard_hand_made(tree, plan, edits)
+        if hand_made and not loaders:
+            plan.lr_scaling = "none"  # the global batch is the original's: same LR
+        else:
+            _batch_and_lr(tree, plan, edits, loaders)
     _set_epoch(tree, plan, edits, loaders)
     _map_location(tree, plan, edits)
     return edits
@@ -153,6 +158,38 @@ def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
             "metrics, minding the padding it adds (DDP025, DDP054)",
             tree.code(tree.statement(call)),
         )
+
+
+# -- hand-made batches -----------------------------------------------------------------
+
+HAND_MADE_NOTE = "# ddpify: batch policy global: each rank its rows of the batch, LR unchanged"
+
+
+def _block(name: str, rank: str) -> str:
+    return f"{name}[{rank} * len({name}) // WORLD_SIZE : ({rank} + 1) * len({name}) // WORLD_SIZE]"
+
+
+def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
+    """Split each hand-made batch by rank right where it enters the step, so the ranks
+    together train on exactly the original's batch (same global batch, same LR)."""
+    batches = hand_made_batches(tree)
+    for batch in batches:
+        # Contiguous blocks, not `x[RANK::WORLD_SIZE]`: a strided slice is not contiguous,
+        # and scripts call `.view()` on their batches.
+        lines = [snippets.statement(f"{n} = {_block(n, plan.rank)}\n") for n in batch.names]
+        lines[0] = snippets.with_comment(lines[0], HAND_MADE_NOTE)
+        edits.after[batch.statement].extend(lines)
+        first = f"{batch.names[0]} = {_block(batch.names[0], plan.rank)}"
+        plan.change(NAME, f"hand-made batch split by rank: {', '.join(batch.names)}", first)
+    if batches:
+        plan.hand_made = (
+            "hand-made batches are split across ranks (each rank one contiguous block of rows of "
+            "each batch): "
+            "the global batch and the learning rate are the original's; the step is the same "
+            "when the batch size divides by the number of processes and the ranks draw the same "
+            "batch (same seed)"
+        )
+    return bool(batches)
 
 
 # -- batch size and learning rate -------------------------------------------------------
