@@ -32,14 +32,14 @@ class BatchAssignment:
 
 
 def _body_nodes(loop: cst.CSTNode) -> list[cst.CSTNode]:
-    """Every node in the loop, nested functions and classes excluded."""
-    found, stack = [], list(children(loop))
+    """Every node in the loop in source order, nested functions and classes excluded."""
+    found, stack = [], list(children(loop))[::-1]
     while stack:
         node = stack.pop()
         if isinstance(node, _SCOPES):
             continue
         found.append(node)
-        stack.extend(children(node))
+        stack.extend(list(children(node))[::-1])
     return found
 
 
@@ -106,8 +106,18 @@ def model_outputs(loop: cst.CSTNode, models: set[str]) -> set[str]:
 def carried_state(loop: cst.CSTNode, models: set[str]) -> list[str]:
     """What the model is called with that its own output feeds back, step to step: an RNN's
     hidden state (`out, states = model(x, states)`), sized by the batch it started with."""
-    outputs = model_outputs(loop, models)
-    return sorted(_model_arguments(loop, models) & outputs)
+    carried: set[str] = set()
+    seen_as_argument: set[str] = set()
+    for node in _body_nodes(loop):
+        if isinstance(node, cst.Call) and dotted(node.func) in models:
+            seen_as_argument |= {a.value.value for a in node.args if isinstance(a.value, cst.Name)}
+        elif isinstance(node, cst.Assign) and model_calls(node, models):
+            # Bound from the model only after (or where) the model took it: it comes back
+            # around the loop. `fake = G(z); D(fake)` is bound first: not carried.
+            carried |= set(_assigned_names(node) or ()) & (
+                seen_as_argument | _model_arguments(node, models)
+            )
+    return sorted(carried)
 
 
 def _already_sharded(value: cst.BaseExpression) -> bool:

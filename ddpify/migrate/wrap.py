@@ -110,9 +110,9 @@ def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
     return snippets.statement(SYNC_BN.format(model=model))
 
 
-def _ddp_call(plan: Plan, inner: str) -> str:
+def _ddp_call(plan: Plan, inner: str, extra: str = "") -> str:
     plan.needs.add("ddp")
-    return f"{plan.ddp}({inner}, device_ids={snippets.DEVICE_IDS})"
+    return f"{plan.ddp}({inner}, device_ids={snippets.DEVICE_IDS}{extra})"
 
 
 # -- DataParallel -----------------------------------------------------------------------
@@ -205,17 +205,29 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
     if not optimizers:
         raise NotMigrated(Shape.UNKNOWN, "no torch.optim optimizer found; cannot tell the model")
     already = {bound_target(tree, call) for call in tree.calls_to(DDP)}
+    trained = _trained_bindings(tree, optimizers)
+    # Several trained modules (a GAN): a step often uses only part of one (the
+    # discriminator's auxiliary heads in the generator step), which DDP must be told.
+    several = len({name for name, _ in trained}) > 1
+    extra = ", find_unused_parameters=True" if several else ""
     wrapped = []
-    for target, binding in _trained_bindings(tree, optimizers):
+    for target, binding in trained:
         if target in already or any(target == name for name, _ in wrapped):
             continue
         place = _last_preparation(tree, target, binding)
         inserted = []
         if _wants_sync_bn(tree, plan):
             inserted.append(_sync_bn(plan, target))
-        inserted.append(snippets.statement(f"{target} = {_ddp_call(plan, target)}"))
+        inserted.append(snippets.statement(f"{target} = {_ddp_call(plan, target, extra)}"))
         edits.after[place].extend(inserted)
         plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
+        if several:
+            plan.needs_human(
+                "several trained modules are wrapped with find_unused_parameters=True, since a "
+                "step may use only part of one; drop it where every parameter gets a gradient "
+                "in every backward (it costs a graph traversal per step) (DDP034)",
+                f"{target} = {plan.ddp}(",
+            )
         wrapped.append((target, place))
     return wrapped
 
