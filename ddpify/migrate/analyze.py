@@ -254,13 +254,27 @@ def _calls_of(tree: Tree, func: cst.FunctionDef) -> list[cst.Call]:
     return [call for call in tree.find(cst.Call, calls_func) if not tree.inside(call, func)]
 
 
-def iterated_name(loop: cst.For) -> str | None:
-    """`loader` in `for x in tqdm(enumerate(loader), ...)`."""
-    expr = loop.iter
-    while isinstance(expr, cst.Call) and dotted(expr.func) is not None:
-        if dotted(expr.func).rsplit(".", 1)[-1] not in ITER_WRAPPERS or not expr.args:  # type: ignore[union-attr]
+def iterated_name(loop: cst.For, tree: Tree | None = None) -> str | None:
+    """`loader` in `for x in tqdm(enumerate(loader), ...)`; with the tree, also through a
+    progress bar kept in a variable (`pbar = tqdm(loader)`; `for x in pbar`)."""
+    name = _unwrapped(loop.iter)
+    bindings = _bindings(tree) if tree is not None else {}
+    for _ in range(3):  # `bar = tqdm(enumerate(loader))`, at most a few hops
+        values = bindings.get(name or "", [])
+        if len(values) != 1 or not _is_iter_wrapper(values[0]):
             break
-        expr = expr.args[0].value
+        name = _unwrapped(values[0])
+    return name
+
+
+def _is_iter_wrapper(expr: cst.BaseExpression) -> bool:
+    callee = dotted(expr.func) if isinstance(expr, cst.Call) else None
+    return callee is not None and callee.rsplit(".", 1)[-1] in ITER_WRAPPERS and bool(expr.args)
+
+
+def _unwrapped(expr: cst.BaseExpression) -> str | None:
+    while _is_iter_wrapper(expr):
+        expr = expr.args[0].value  # type: ignore[attr-defined]
     return dotted(expr)
 
 
@@ -277,7 +291,7 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
     loader_names: set[str] = set()
     unresolved = []
     for loop in loops:
-        name = iterated_name(loop)
+        name = iterated_name(loop, tree)
         if name is None:
             unresolved.append(loop)
             continue
@@ -289,7 +303,7 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
             loaders.append(Loader(call, names))
     found = {n for loader in loaders for n in loader.names}
     for loop in loops:
-        name = iterated_name(loop)
+        name = iterated_name(loop, tree)
         if name is not None and not ({name} | _arguments_for(tree, loop, name)) & found:
             unresolved.append(loop)
     return _loaders_fed_by_next(tree, loaders, unresolved)

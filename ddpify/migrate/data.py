@@ -217,6 +217,8 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
         return  # already DDP: the batch was per process before
     for call in optimizer_calls(tree):
         _scale_lr(tree, plan, edits, call)
+    if plan.lr_scaling != "none":
+        _note_hand_set_lr(tree, plan)
     for call in tree.find(cst.Call):
         name = tree.qualify(call.func) or ""
         if name.rsplit(".", 1)[-1] in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
@@ -224,6 +226,23 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
                 f"{name.rsplit('.', 1)[-1]} sets the learning rate itself; scale its max_lr "
                 "like the optimizer's",
                 tree.code(tree.statement(call)),
+            )
+
+
+def _note_hand_set_lr(tree: Tree, plan: Plan) -> None:
+    """`param_group["lr"] = ...` overrides the scaled LR the optimizer was built with."""
+    for subscript in tree.find(cst.Subscript):
+        index = subscript.slice[0].slice if len(subscript.slice) == 1 else None
+        value = index.value if isinstance(index, cst.Index) else None
+        if not (isinstance(value, cst.SimpleString) and value.evaluated_value == "lr"):
+            continue
+        statement = tree.statement(subscript)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and small.targets[0].target is subscript:
+            plan.needs_human(
+                "the learning rate is set by hand here, which overrides the scaled one the "
+                f"optimizer was built with; scale this value by the {plan.lr_rule} too (DDP041)",
+                tree.code(statement),
             )
 
 
