@@ -471,3 +471,38 @@ def test_options_after_the_script_count(script, capsys):
     diff = capsys.readouterr().out
     assert "autocast" not in diff and "// WORLD_SIZE" in diff
     assert script.read_text() == SIMPLE
+
+
+def test_a_progress_bar_kept_in_a_variable_is_the_loader_it_wraps():
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from tqdm import tqdm\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 2), torch.randn(64, 1)), batch_size=8)\n"
+        "for epoch in range(2):\n    pbar = tqdm(enumerate(loader))\n"
+        "    for step, (x, y) in pbar:\n        ((model(x) - y) ** 2).mean().backward()\n"
+        "        opt.step()\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert result.migrated
+    assert "sampler=DistributedSampler(" in result.output
+    assert "loader.sampler.set_epoch(epoch)" in result.output
+
+
+def test_every_module_an_optimizer_trains_is_wrapped():
+    source = (
+        "import itertools\nimport torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "G = torch.nn.Linear(2, 2)\nD = torch.nn.Linear(2, 1)\n"
+        "opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)\n"
+        "opt_info = torch.optim.Adam(itertools.chain(G.parameters(), D.parameters()), lr=1e-3)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 2)), batch_size=8, shuffle=True)\n"
+        "for epoch in range(2):\n    for (x,) in loader:\n"
+        "        D(G(x)).mean().backward()\n        opt_d.step()\n        opt_info.step()\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert result.migrated
+    for name in ("G", "D"):
+        assert f"{name} = DDP({name}, device_ids=" in result.output
+    assert result.output.count("find_unused_parameters=True") == 2

@@ -217,8 +217,8 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
         return  # already DDP: the batch was per process before
     for call in optimizer_calls(tree):
         _scale_lr(tree, plan, edits, call)
-    if plan.lr_scaling != "none":
-        _note_hand_set_lr(tree, plan)
+    if plan.lr_scaling in LR_RULES:
+        _scale_hand_set_lr(tree, plan, edits)
     for call in tree.find(cst.Call):
         name = tree.qualify(call.func) or ""
         if name.rsplit(".", 1)[-1] in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
@@ -229,8 +229,11 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
             )
 
 
-def _note_hand_set_lr(tree: Tree, plan: Plan) -> None:
-    """`param_group["lr"] = ...` overrides the scaled LR the optimizer was built with."""
+def _scale_hand_set_lr(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """`param_group["lr"] = ...` overrides the scaled LR the optimizer was built with: the
+    value set by hand gets the same scaling."""
+    label, template = LR_RULES[plan.lr_scaling]
+    comment = f"# ddpify: {label}: the learning rate set by hand, scaled like the optimizer's"
     for subscript in tree.find(cst.Subscript):
         index = subscript.slice[0].slice if len(subscript.slice) == 1 else None
         value = index.value if isinstance(index, cst.Index) else None
@@ -238,12 +241,18 @@ def _note_hand_set_lr(tree: Tree, plan: Plan) -> None:
             continue
         statement = tree.statement(subscript)
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-        if isinstance(small, cst.Assign) and small.targets[0].target is subscript:
-            plan.needs_human(
-                "the learning rate is set by hand here, which overrides the scaled one the "
-                f"optimizer was built with; scale this value by the {plan.lr_rule} too (DDP041)",
-                tree.code(statement),
-            )
+        if not (isinstance(small, cst.Assign) and small.targets[0].target is subscript):
+            continue
+        lr = tree.code(parenthesize(small.value))
+        new = snippets.expression(template.format(lr=lr))
+        edits.replace(small.value, new)
+        edits.replace(statement, lambda updated: snippets.with_comment(updated, comment))
+        plan.change(
+            NAME,
+            f"learning rate set by hand scaled: {label}",
+            tree.module.code_for_node(new),
+            "DDP041",
+        )
 
 
 def _lr_rule(plan: Plan, optimizer: str) -> str:
