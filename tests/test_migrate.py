@@ -506,3 +506,18 @@ def test_every_module_an_optimizer_trains_is_wrapped():
     for name in ("G", "D"):
         assert f"{name} = DDP({name}, device_ids=" in result.output
     assert result.output.count("find_unused_parameters=True") == 2
+
+
+def test_a_loop_over_models_inside_the_loader_loop_trains_on_that_loader():
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 2), torch.randn(64, 1)), batch_size=8)\n"
+        "for epoch in range(2):\n    for x, y in loader:\n"
+        "        for net, o in zip([model], [opt]):\n"
+        "            ((net(x) - y) ** 2).mean().backward()\n            o.step()\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert result.migrated
+    assert "sampler=DistributedSampler(" in result.output

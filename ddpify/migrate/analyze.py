@@ -306,7 +306,29 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
         name = iterated_name(loop, tree)
         if name is not None and not ({name} | _arguments_for(tree, loop, name)) & found:
             unresolved.append(loop)
-    return _loaders_fed_by_next(tree, loaders, unresolved)
+    # `for x, y in loader: for net, opt in zip(nets, opts): ...`: the batch comes from the
+    # enclosing loop over the loader.
+    every = [Loader(call, _names_of_loader(tree, call)) for call in tree.calls_to(DATA_LOADER)]
+    still = []
+    for loop in unresolved:
+        outer = _enclosing_loader(tree, loop, every)
+        if outer is None:
+            still.append(loop)
+        elif all(outer.call is not known.call for known in loaders):
+            loaders.append(outer)
+    return _loaders_fed_by_next(tree, loaders, still)
+
+
+def _enclosing_loader(tree: Tree, loop: cst.For, every: list[Loader]) -> Loader | None:
+    current = tree.parent.get(loop)
+    while current is not None and not isinstance(current, cst.FunctionDef):
+        if isinstance(current, cst.For):
+            name = iterated_name(current, tree)
+            for loader in every:
+                if name in loader.names:
+                    return loader
+        current = tree.parent.get(current)
+    return None
 
 
 def _loaders_fed_by_next(

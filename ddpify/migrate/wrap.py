@@ -19,6 +19,7 @@ from ddpify.migrate.analyze import (
     NotMigrated,
     Plan,
     Shape,
+    _first_line,
     bound_target,
     model_names,
     optimizer_calls,
@@ -240,7 +241,7 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call]) -> list:
         for owner in parameter_owners(optimizer):
             resolved = _resolve_owner(tree, owner, optimizer)
             if resolved is None:
-                line = tree.code(tree.statement(optimizer)).strip().splitlines()[0]
+                line = _first_line(tree.code(tree.statement(optimizer)))
                 raise NotMigrated(
                     Shape.UNKNOWN,
                     f"cannot find where the model `{owner}` trained by `{line}` is built in "
