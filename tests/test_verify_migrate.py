@@ -19,6 +19,11 @@ analyze = pytest.importorskip("ddpify.migrate.analyze")
 
 LAUNCHES_ITSELF = {analyze.Shape.SPAWN.value, analyze.Shape.LAUNCH.value}
 CASES = sorted(path.parent.name for path in (FIXTURES / "migrate").glob("*/before.py"))
+# Cases verify cannot judge yet, decided before running (each run costs torch start-ups):
+# they draw random numbers between optimizer steps (GAN noise, get_batch() windows), and
+# verify calls any such comparison inconclusive, even when the runs agree (handmade_get_batch
+# agrees at every step).
+DRAWS_RANDOM_EACH_STEP = {"gan_main_inline", "handmade_get_batch"}
 pytestmark = pytest.mark.torchrun
 
 
@@ -34,6 +39,8 @@ def test_migrated_case_verifies(case, policy, tmp_path, monkeypatch):
     # Decided before running anything: each verify run costs several torch start-ups.
     if migration.shape in LAUNCHES_ITSELF:
         pytest.skip("the original launches its own processes: it cannot run as one process")
+    if case in DRAWS_RANDOM_EACH_STEP:
+        pytest.skip("random numbers drawn between optimizer steps: verify is inconclusive")
     # What the migration wrote decides, as for `ddpify verify`: a script that was already
     # distributed keeps its batch whatever policy was asked for.
     markers = read_markers(migration.output)

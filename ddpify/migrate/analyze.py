@@ -11,8 +11,17 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from ddpify.analysis.batches import (
+    BatchAssignment,
+    batch_assignments,
+    carried_state,
+    model_calls,
+    names_read,
+    single_example,
+)
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.trained import trained_modules
 from ddpify.migrate.report import Change, HumanItem
 from ddpify.migrate.tree import Tree
 
@@ -78,6 +87,7 @@ class Plan:
     amp_added: bool = False
     amp_existing: bool = False
     needs: set[str] = field(default_factory=set)  # imports the passes used: os, dist, ...
+    hand_made: str | None = None  # how hand-made batches were sharded, for the report
 
     def change(self, pass_name: str, description: str, anchor: str | None, code=None) -> None:
         self.changes.append(Change(pass_name, description, code, _first_line(anchor)))
@@ -178,12 +188,7 @@ def model_names(tree: Tree) -> set[str]:
     """Names that hold the model: `X` in `optim.SGD(X.parameters())`, DDP/DP targets,
     and the parameters of the script's functions that receive one of them."""
     names: set[str] = set()
-    for call in optimizer_calls(tree):
-        for inner in tree.within(call, cst.Call):
-            if method_name(inner) in ("parameters", "named_parameters"):
-                name = dotted(inner.func.value)  # type: ignore[union-attr]
-                if name:
-                    names.add(name)
+    names.update(trained_modules(optimizer_calls(tree)))
     for call in tree.calls_to(DDP, DATA_PARALLEL):
         target = bound_target(tree, call)
         if target:
@@ -249,13 +254,27 @@ def _calls_of(tree: Tree, func: cst.FunctionDef) -> list[cst.Call]:
     return [call for call in tree.find(cst.Call, calls_func) if not tree.inside(call, func)]
 
 
-def iterated_name(loop: cst.For) -> str | None:
-    """`loader` in `for x in tqdm(enumerate(loader), ...)`."""
-    expr = loop.iter
-    while isinstance(expr, cst.Call) and dotted(expr.func) is not None:
-        if dotted(expr.func).rsplit(".", 1)[-1] not in ITER_WRAPPERS or not expr.args:  # type: ignore[union-attr]
+def iterated_name(loop: cst.For, tree: Tree | None = None) -> str | None:
+    """`loader` in `for x in tqdm(enumerate(loader), ...)`; with the tree, also through a
+    progress bar kept in a variable (`pbar = tqdm(loader)`; `for x in pbar`)."""
+    name = _unwrapped(loop.iter)
+    bindings = _bindings(tree) if tree is not None else {}
+    for _ in range(3):  # `bar = tqdm(enumerate(loader))`, at most a few hops
+        values = bindings.get(name or "", [])
+        if len(values) != 1 or not _is_iter_wrapper(values[0]):
             break
-        expr = expr.args[0].value
+        name = _unwrapped(values[0])
+    return name
+
+
+def _is_iter_wrapper(expr: cst.BaseExpression) -> bool:
+    callee = dotted(expr.func) if isinstance(expr, cst.Call) else None
+    return callee is not None and callee.rsplit(".", 1)[-1] in ITER_WRAPPERS and bool(expr.args)
+
+
+def _unwrapped(expr: cst.BaseExpression) -> str | None:
+    while _is_iter_wrapper(expr):
+        expr = expr.args[0].value  # type: ignore[attr-defined]
     return dotted(expr)
 
 
@@ -272,7 +291,7 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
     loader_names: set[str] = set()
     unresolved = []
     for loop in loops:
-        name = iterated_name(loop)
+        name = iterated_name(loop, tree)
         if name is None:
             unresolved.append(loop)
             continue
@@ -284,10 +303,66 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
             loaders.append(Loader(call, names))
     found = {n for loader in loaders for n in loader.names}
     for loop in loops:
-        name = iterated_name(loop)
+        name = iterated_name(loop, tree)
         if name is not None and not ({name} | _arguments_for(tree, loop, name)) & found:
             unresolved.append(loop)
-    return loaders, unresolved
+    # `for x, y in loader: for net, opt in zip(nets, opts): ...`: the batch comes from the
+    # enclosing loop over the loader.
+    every = [Loader(call, _names_of_loader(tree, call)) for call in tree.calls_to(DATA_LOADER)]
+    still = []
+    for loop in unresolved:
+        outer = _enclosing_loader(tree, loop, every)
+        if outer is None:
+            still.append(loop)
+        elif all(outer.call is not known.call for known in loaders):
+            loaders.append(outer)
+    return _loaders_fed_by_next(tree, loaders, still)
+
+
+def _enclosing_loader(tree: Tree, loop: cst.For, every: list[Loader]) -> Loader | None:
+    current = tree.parent.get(loop)
+    while current is not None and not isinstance(current, cst.FunctionDef):
+        if isinstance(current, cst.For):
+            name = iterated_name(current, tree)
+            for loader in every:
+                if name in loader.names:
+                    return loader
+        current = tree.parent.get(current)
+    return None
+
+
+def _loaders_fed_by_next(
+    tree: Tree, loaders: list[Loader], unresolved: list[cst.For]
+) -> tuple[list[Loader], list[cst.For]]:
+    """Step loops that pull their batch from a DataLoader (`x, y = next(batches)` with
+    `batches = iter(loader)` or an infinite generator over it) train on that loader."""
+    if not unresolved:
+        return loaders, unresolved
+    every = [Loader(call, _names_of_loader(tree, call)) for call in tree.calls_to(DATA_LOADER)]
+    bindings = _bindings(tree)
+    models = model_names(tree)
+    still = []
+    for loop in unresolved:
+        feeding = set()
+        for batch in batch_assignments(loop, models):
+            read = names_read(batch.value)
+            for name in list(read):
+                for value in bindings.get(name, []):
+                    read |= names_read(value)
+            feeding |= {id(loader.call) for loader in every if loader.names & read}
+        if not feeding:
+            still.append(loop)
+        for loader in every:
+            if id(loader.call) in feeding and all(loader.call is not t.call for t in loaders):
+                loaders.append(loader)
+    return loaders, still
+
+
+def hand_made_batches(tree: Tree) -> list[BatchAssignment]:
+    """Where the batches of loops that use no DataLoader enter the step."""
+    _, unresolved = train_loaders(tree)
+    models = model_names(tree)
+    return [batch for loop in unresolved for batch in batch_assignments(loop, models)]
 
 
 def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
@@ -415,14 +490,8 @@ def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.
             "cannot find the loop that feeds the training step; without it the data cannot be "
             "sharded, and every rank would train on the same batches",
         )
-    if unresolved:
-        loop = unresolved[0]
-        line = tree.code(loop).strip().splitlines()[0]
-        raise NotMigrated(
-            Shape.UNKNOWN,
-            f"the training loop `{line}` does not iterate a DataLoader built in this script; "
-            "hand-made batches would be the same on every rank, so shard them by rank first",
-        )
+    for loop in unresolved:
+        _refuse_unsplittable_batches(tree, loop)
     iterable = iterable_dataset_classes(tree)
     for loader in loaders:
         dataset = find_arg(loader.call, "dataset", 0)
@@ -436,6 +505,52 @@ def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.
                     f"the training data `{name}` is an IterableDataset, which takes no sampler; "
                     "every rank would read the same stream; shard it by rank in `__iter__`",
                 )
+
+
+def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
+    """A loop without a DataLoader is migrated when its batch enters the step at an
+    assignment in the loop (sharded there by rank); not when it trains full-batch or on
+    one example at a time, which no split across ranks computes the same way."""
+    line = tree.code(loop).strip().splitlines()[0]
+    models = model_names(tree)
+    batches = batch_assignments(loop, models)
+    calls = model_calls(loop, models)
+    inline = [c for c in calls if any(isinstance(a.value, cst.Subscript) for a in c.args)]
+    if not batches and inline:
+        call = tree.code(inline[0])
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"hand-made batches sliced inside the call `{call}` (in `{line}`): bind the batch to "
+            "a name in the loop first (`xb = x[i:i + bs]`, then `model(xb)`), and ddpify splits "
+            "it by rank there",
+        )
+    if not batches:
+        forward = _first_line(tree.code(tree.statement(calls[0]))) if calls else None
+        where = f"`{forward}` in the loop `{line}`" if forward else f"the loop `{line}`"
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"full-batch training: {where} uses tensors built before the loop, so every rank "
+            "would compute the same step; split the data by rank yourself (e.g. the training "
+            "indices `idx[RANK::WORLD_SIZE]`, weighting the loss by each shard's size), or keep "
+            "it on one process",
+        )
+    state = carried_state(loop, models)
+    if state:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"the loop `{line}` builds its batches by hand and carries `{state[0]}` from step to "
+            "step (recurrent state sized by the batch); splitting the batch by rank would need "
+            "the same split of that state; shard the data by rank where it is built "
+            "(each rank its own rows) and size the state per rank",
+        )
+    for batch in batches:
+        if single_example(batch.value):
+            stmt = _first_line(tree.code(batch.statement))
+            raise NotMigrated(
+                Shape.UNKNOWN,
+                f"`{stmt}` trains on one example per step (in `{line}`); one example cannot be "
+                "split across ranks; batch the examples (a DataLoader with a batch size) first",
+            )
 
 
 def _bindings(tree: Tree) -> dict[str, list[cst.BaseExpression]]:

@@ -22,6 +22,7 @@ from ddpify.migrate.analyze import (
     NotMigrated,
     Plan,
     Shape,
+    hand_made_batches,
     optimizer_calls,
     train_loaders,
 )
@@ -58,7 +59,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
-        _batch_and_lr(tree, plan, edits, loaders)
+        hand_made = _shard_hand_made(tree, plan, edits)
+        if hand_made and not loaders:
+            plan.lr_scaling = "none"  # the global batch is the original's: same LR
+        else:
+            _batch_and_lr(tree, plan, edits, loaders)
     _set_epoch(tree, plan, edits, loaders)
     _map_location(tree, plan, edits)
     return edits
@@ -164,6 +169,38 @@ def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
         )
 
 
+# -- hand-made batches -----------------------------------------------------------------
+
+HAND_MADE_NOTE = "# ddpify: batch policy global: each rank its rows of the batch, LR unchanged"
+
+
+def _block(name: str, rank: str) -> str:
+    return f"{name}[{rank} * len({name}) // WORLD_SIZE : ({rank} + 1) * len({name}) // WORLD_SIZE]"
+
+
+def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
+    """Split each hand-made batch by rank right where it enters the step, so the ranks
+    together train on exactly the original's batch (same global batch, same LR)."""
+    batches = hand_made_batches(tree)
+    for batch in batches:
+        # Contiguous blocks, not `x[RANK::WORLD_SIZE]`: a strided slice is not contiguous,
+        # and scripts call `.view()` on their batches.
+        lines = [snippets.statement(f"{n} = {_block(n, plan.rank)}\n") for n in batch.names]
+        lines[0] = snippets.with_comment(lines[0], HAND_MADE_NOTE)
+        edits.after[batch.statement].extend(lines)
+        first = f"{batch.names[0]} = {_block(batch.names[0], plan.rank)}"
+        plan.change(NAME, f"hand-made batch split by rank: {', '.join(batch.names)}", first)
+    if batches:
+        plan.hand_made = (
+            "hand-made batches are split across ranks (each rank one contiguous block of rows of "
+            "each batch): "
+            "the global batch and the learning rate are the original's; the step is the same "
+            "when the batch size divides by the number of processes and the ranks draw the same "
+            "batch (same seed)"
+        )
+    return bool(batches)
+
+
 # -- batch size and learning rate -------------------------------------------------------
 
 
@@ -189,6 +226,8 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
         return  # already DDP: the batch was per process before
     for call in optimizer_calls(tree):
         _scale_lr(tree, plan, edits, call)
+    if plan.lr_scaling in LR_RULES:
+        _scale_hand_set_lr(tree, plan, edits)
     for call in tree.find(cst.Call):
         name = tree.qualify(call.func) or ""
         if name.rsplit(".", 1)[-1] in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
@@ -197,6 +236,32 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
                 "like the optimizer's",
                 tree.code(tree.statement(call)),
             )
+
+
+def _scale_hand_set_lr(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """`param_group["lr"] = ...` overrides the scaled LR the optimizer was built with: the
+    value set by hand gets the same scaling."""
+    label, template = LR_RULES[plan.lr_scaling]
+    comment = f"# ddpify: {label}: the learning rate set by hand, scaled like the optimizer's"
+    for subscript in tree.find(cst.Subscript):
+        index = subscript.slice[0].slice if len(subscript.slice) == 1 else None
+        value = index.value if isinstance(index, cst.Index) else None
+        if not (isinstance(value, cst.SimpleString) and value.evaluated_value == "lr"):
+            continue
+        statement = tree.statement(subscript)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not (isinstance(small, cst.Assign) and small.targets[0].target is subscript):
+            continue
+        lr = tree.code(parenthesize(small.value))
+        new = snippets.expression(template.format(lr=lr))
+        edits.replace(small.value, new)
+        edits.replace(statement, lambda updated: snippets.with_comment(updated, comment))
+        plan.change(
+            NAME,
+            f"learning rate set by hand scaled: {label}",
+            tree.module.code_for_node(new),
+            "DDP041",
+        )
 
 
 def _lr_rule(plan: Plan, optimizer: str) -> str:

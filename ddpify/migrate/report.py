@@ -43,6 +43,7 @@ class MigrationResult:
     lr_scaling: str = "none"  # the rule applied: linear, sqrt or none
     lr_rule: str | None = None  # the rule's name as written in the output's comment
     amp: str = "off"
+    hand_made: str | None = None  # how hand-made batches were sharded, if any
 
     @property
     def changed(self) -> bool:
@@ -102,6 +103,7 @@ class MigrationResult:
             write(f"{self.filename}: {self.shape} script; nothing to change\n")
         else:
             write(f"{self.filename}: migrated ({self.shape})\n")
+            self._render_numbers(write)
         if self.changes:
             write("\nChanges:\n")
             for change in self.changes:
@@ -111,14 +113,21 @@ class MigrationResult:
             write("\nNeeds a human:\n")
             for item in self.needs_human:
                 write(f"  {_line(item.line)} {item.why}\n")
-        if self.changed:
-            write(f"\nBatch policy: {self.batch_policy}")
-            if self.lr_scaling != "none":
-                write(f"; learning rate scaled by the {self.lr_rule}")
-            write(f". Mixed precision: {self.amp}.\n")
         write("\nRun it:\n")
         for label, command in self.commands(script):
             write(f"  # {label}\n  {command}\n")
+
+    def _render_numbers(self, write) -> None:
+        """First, the choices that change the numbers a run produces."""
+        policy = "global (hand-made batches split)" if self.hand_made else self.batch_policy
+        write(f"\nBatch policy: {policy}")
+        if self.lr_scaling != "none":
+            write(f"; learning rate scaled by the {self.lr_rule}")
+        else:
+            write("; learning rate unchanged")
+        write(f". Mixed precision: {self.amp}.\n")
+        if self.hand_made:
+            write(f"Sharding: {self.hand_made}.\n")
 
 
 def _output_line(original: str, output: str, anchor: str) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.trained import parameter_owners
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -18,6 +19,7 @@ from ddpify.migrate.analyze import (
     NotMigrated,
     Plan,
     Shape,
+    _first_line,
     bound_target,
     model_names,
     optimizer_calls,
@@ -110,13 +112,13 @@ def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
     return snippets.statement(SYNC_BN.format(model=model))
 
 
-def _ddp_call(tree: Tree, plan: Plan, inner: str) -> str:
+def _ddp_call(tree: Tree, plan: Plan, inner: str, extra: str = "") -> str:
     """`DDP(inner, device_ids=...)`; a script that keeps its model on the CPU gets no
     device_ids, which DDP rejects for a CPU module (even on a GPU machine)."""
     plan.needs.add("ddp")
     if not runs_on_cuda(tree):
-        return f"{plan.ddp}({inner})"
-    return f"{plan.ddp}({inner}, device_ids={snippets.DEVICE_IDS})"
+        return f"{plan.ddp}({inner}{extra})"
+    return f"{plan.ddp}({inner}, device_ids={snippets.DEVICE_IDS}{extra})"
 
 
 # -- DataParallel -----------------------------------------------------------------------
@@ -204,32 +206,64 @@ def _hoist(edits: Edits, owner: cst.If) -> None:
 
 
 def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
-    optimizer = optimizer_calls(tree)
-    if not optimizer:
+    """Wrap every module an optimizer trains (a GAN's generator and discriminator alike)."""
+    optimizers = optimizer_calls(tree)
+    if not optimizers:
         raise NotMigrated(Shape.UNKNOWN, "no torch.optim optimizer found; cannot tell the model")
-    target = _parameters_owner(tree, optimizer[0])
-    binding = _binding(tree, target, optimizer[0]) if target else None
-    if binding is None:
-        raise NotMigrated(
-            Shape.UNKNOWN,
-            f"cannot find where the model `{target}` is built in this file; wrap it in "
-            "DistributedDataParallel where it is built",
-        )
-    place = _last_preparation(tree, target, binding)  # type: ignore[arg-type]
-    inserted = []
-    if _wants_sync_bn(tree, plan):
-        inserted.append(_sync_bn(plan, target))  # type: ignore[arg-type]
-    wrap = snippets.statement(f"{target} = {_ddp_call(tree, plan, target)}")  # type: ignore[arg-type]
-    inserted.append(wrap)
-    edits.after[place].extend(inserted)
-    plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
-    return [(target, place)]
+    already = {bound_target(tree, call) for call in tree.calls_to(DDP)}
+    trained = _trained_bindings(tree, optimizers)
+    # Several trained modules (a GAN): a step often uses only part of one (the
+    # discriminator's auxiliary heads in the generator step), which DDP must be told.
+    several = len({name for name, _ in trained}) > 1
+    extra = ", find_unused_parameters=True" if several else ""
+    wrapped = []
+    for target, binding in trained:
+        if target in already or any(target == name for name, _ in wrapped):
+            continue
+        place = _last_preparation(tree, target, binding)
+        inserted = []
+        if _wants_sync_bn(tree, plan):
+            inserted.append(_sync_bn(plan, target))
+        inserted.append(snippets.statement(f"{target} = {_ddp_call(tree, plan, target, extra)}"))
+        edits.after[place].extend(inserted)
+        plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
+        if several:
+            plan.needs_human(
+                "several trained modules are wrapped with find_unused_parameters=True, since a "
+                "step may use only part of one; drop it where every parameter gets a gradient "
+                "in every backward (it costs a graph traversal per step) (DDP034)",
+                f"{target} = {plan.ddp}(",
+            )
+        wrapped.append((target, place))
+    return wrapped
 
 
-def _parameters_owner(tree: Tree, optimizer: cst.Call) -> str | None:
-    for inner in tree.within(optimizer, cst.Call):
-        if method_name(inner) in ("parameters", "named_parameters"):
-            return dotted(inner.func.value)  # type: ignore[union-attr]
+def _trained_bindings(tree: Tree, optimizers: list[cst.Call]) -> list:
+    """(name, the statement that builds it) for each trained module; `model.fc` in a
+    per-layer optimizer resolves to the `model` it belongs to."""
+    found = []
+    for optimizer in optimizers:
+        for owner in parameter_owners(optimizer):
+            resolved = _resolve_owner(tree, owner, optimizer)
+            if resolved is None:
+                line = _first_line(tree.code(tree.statement(optimizer)))
+                raise NotMigrated(
+                    Shape.UNKNOWN,
+                    f"cannot find where the model `{owner}` trained by `{line}` is built in "
+                    "this file; wrap it in DistributedDataParallel where it is built",
+                )
+            found.append(resolved)
+    return found
+
+
+def _resolve_owner(tree: Tree, owner: str, near: cst.CSTNode):
+    parts = owner.split(".")
+    while parts and parts != ["self"]:
+        name = ".".join(parts)
+        binding = _binding(tree, name, near)
+        if binding is not None:
+            return name, binding
+        parts = parts[:-1]
     return None
 
 
@@ -263,6 +297,10 @@ def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseSta
         while isinstance(owner, (cst.Else, cst.If)) and tree.statement(owner) is not owner:
             owner = tree.parent.get(owner)
         if isinstance(owner, (cst.If, cst.Try)) and tree.statement(owner) is owner:
+            # The __main__ guard and a try/finally (the one that destroys the process
+            # group) hold the whole run: the wrap belongs inside them.
+            if owner is tree.main_guard() or getattr(owner, "finalbody", None) is not None:
+                return statement
             statement = owner
             continue
         return statement

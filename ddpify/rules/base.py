@@ -41,8 +41,6 @@ class Report:
     fix: NodeFix | None
 
 
-
-
 class Rule:
     CODE: ClassVar[str]
     NAME: ClassVar[str]

@@ -211,7 +211,6 @@ class DeviceNotLocalRank(DistributedRule):
                     severity=Severity.WARNING,
                 )
 
-
     def _report_nccl_without_set_device(self) -> None:
         """NCCL init with no device chosen at all: the model may sit on `local_rank`, but
         NCCL's communicator and every barrier use the current device, GPU 0 on all ranks."""

@@ -1,0 +1,46 @@
+"""Which modules an optimizer trains: the owners of the parameters it is given.
+
+`optim.Adam(model.parameters())` trains `model`; so do the spellings real scripts use:
+`itertools.chain(G.parameters(), D.parameters())`, `list(enc.parameters()) +
+list(dec.parameters())`, parameter groups `[{"params": net.head.parameters()}, ...]`
+and per-layer optimizers (`SGD(model.fc.parameters())`). Several optimizers (a GAN's
+generator and discriminator) train several modules: every one of them must be wrapped,
+or the ranks train different copies of the one left out.
+
+Purely syntactic: the caller resolves names (`model.fc` to the `model` it belongs to).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted, method_name
+from ddpify.walk import walk
+
+PARAMETER_METHODS = ("parameters", "named_parameters")
+
+
+def parameter_owners(optimizer: cst.Call) -> list[str]:
+    """The dotted receivers of `.parameters()` calls in an optimizer's arguments, in
+    order of appearance, without repeats (`G`, `D` for `chain(G.parameters(), D...)`)."""
+    owners: list[str] = []
+
+    def enter(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Call) and method_name(node) in PARAMETER_METHODS:
+            name = dotted(node.func.value)  # type: ignore[attr-defined]
+            if name is not None and name not in owners:
+                owners.append(name)
+
+    for arg in optimizer.args:
+        walk(arg.value, enter, lambda node: None)
+    return owners
+
+
+def trained_modules(optimizers: list[cst.Call]) -> list[str]:
+    """Every module some optimizer trains, in order of first appearance."""
+    found: list[str] = []
+    for call in optimizers:
+        for name in parameter_owners(call):
+            if name not in found:
+                found.append(name)
+    return found
