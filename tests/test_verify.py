@@ -180,3 +180,18 @@ def test_json_rendering_carries_first_mismatch():
     assert data["first_mismatch"]["step"] == 1
     assert data["first_mismatch"]["parameter"] == "fc.weight"
     assert data["steps"][1]["compared"] == "gradients" and not data["steps"][1]["ok"]
+
+
+def test_amp_tolerance_scales_with_the_gradients():
+    # Seen on an H100: a loss divided by the process count (gradients halved) passed the
+    # AMP comparison because an absolute atol of 1e-2 dwarfed gradients of about 1e-3.
+    import torch
+
+    from ddpify.verify.compare import AMP_TOLERANCES, ScaledAtol, tensor_diff
+
+    rtol, atol = AMP_TOLERANCES["bfloat16"]
+    expected = torch.linspace(-1e-3, 1e-3, 50)
+    assert tensor_diff(expected / 2, expected, rtol, atol).ok  # the old, absolute reading
+    assert not tensor_diff(expected / 2, expected, rtol, ScaledAtol(atol)).ok
+    noisy = expected * (1 + 0.01 * torch.randn(50, generator=torch.Generator().manual_seed(0)))
+    assert tensor_diff(noisy, expected, rtol, ScaledAtol(atol)).ok
