@@ -44,7 +44,13 @@ def _nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(children(node))
+        # `args.seed`'s `seed` and `f(seed=...)`'s `seed` name no variable of their own.
+        if isinstance(node, cst.Attribute):
+            stack.append(node.value)
+        elif isinstance(node, cst.Arg):
+            stack.append(node.value)
+        else:
+            stack.extend(children(node))
 
 
 def per_process_source(
