@@ -195,3 +195,18 @@ def test_amp_tolerance_scales_with_the_gradients():
     assert not tensor_diff(expected / 2, expected, rtol, AmpAtol(atol)).ok
     noisy = expected * (1 + 0.03 * torch.randn(50, generator=torch.Generator().manual_seed(0)))
     assert tensor_diff(noisy, expected, rtol, AmpAtol(atol)).ok
+
+
+def test_amp_norm_check_spares_tensors_that_are_rounding_noise():
+    # A bias before BatchNorm has a zero gradient in exact math: bf16 noise of 1e-3 on it
+    # is no bug while the step's other gradients are large and agree.
+    import torch
+
+    from ddpify.verify.compare import AMP_TOLERANCES, AmpAtol, list_diff
+
+    rtol, atol = AMP_TOLERANCES["bfloat16"][0], AmpAtol(AMP_TOLERANCES["bfloat16"][1])
+    weight = torch.linspace(-0.5, 0.5, 64)
+    bias_expected, bias_actual = torch.full((8,), 1e-7), torch.full((8,), 1e-3)
+    names = ["weight", "bias"]
+    assert list_diff(names, [weight, bias_actual], [weight, bias_expected], rtol, atol).ok
+    assert not list_diff(names, [weight / 2, bias_actual], [weight, bias_expected], rtol, atol).ok
