@@ -44,10 +44,17 @@ def _nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        # `args.seed`'s `seed` and `f(seed=...)`'s `seed` name no variable of their own.
-        if isinstance(node, cst.Attribute):
-            stack.append(node.value)
-        elif isinstance(node, cst.Arg):
+        stack.extend(children(node))
+
+
+def _references(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Like `_nodes`, but `args.seed`'s `seed` and `f(seed=...)`'s `seed`, which name no
+    variable of their own, are left out."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (cst.Attribute, cst.Arg)):
             stack.append(node.value)
         else:
             stack.extend(children(node))
@@ -64,7 +71,7 @@ def per_process_source(
 
     `args.seed + rank`, `int(time.time())`, `seed` bound to `base + dist.get_rank()`.
     """
-    for node in _nodes(expr):
+    for node in _references(expr):
         if isinstance(node, cst.Call):
             source = _CLOCK_CALLS.get(imports.qualify(node.func) or "")
             if source is not None:
