@@ -268,3 +268,17 @@ def test_lr_scaling_is_a_mismatch_under_the_global_policy(tmp_path, monkeypatch)
     )
     assert result.exit_code == 1
     assert {f.what for f in result.findings} >= {"batch size", "learning rate"}
+
+
+def test_verify_needs_no_numpy(tmp_path, monkeypatch):
+    # torch runs without numpy, and so do users' scripts; the probe once hashed the
+    # generator's state with Tensor.numpy() and crashed every run in a fresh venv.
+    hidden = tmp_path / "no_numpy"
+    hidden.mkdir()
+    (hidden / "numpy.py").write_text(
+        'raise ModuleNotFoundError("No module named numpy", name="numpy")\n'
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden), str(ROOT)]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = verify(MLP / "converted.py", tmp_path)
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message

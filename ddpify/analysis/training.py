@@ -18,6 +18,7 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.values import per_process_source
 from ddpify.walk import children, walk
 
 Ancestors = tuple[cst.CSTNode, ...]
@@ -157,11 +158,29 @@ def sampled_datasets(model: ScriptModel) -> set[str]:
     return found
 
 
+SUBSET = "torch.utils.data.Subset"
+
+
+def _is_rank_subset(model: ScriptModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
+    """`Subset(ds, range(rank, len(ds), world))`, directly or by name: a shard by hand."""
+    if isinstance(expr, cst.Call) and model.imports.qualify(expr.func) == SUBSET:
+        indices = find_arg(expr, "indices", 1)
+        return indices is not None and (
+            per_process_source(indices.value, model.imports, model.bindings) == "the rank"
+        )
+    name = dotted(expr)
+    return (
+        depth < 3
+        and name is not None
+        and any(_is_rank_subset(model, v, depth + 1) for v in model.bindings.get(name, []))
+    )
+
+
 def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
     """DataLoaders whose sampler is a DistributedSampler (inline, by name, or over the
-    same dataset a DistributedSampler is built on)."""
+    same dataset a DistributedSampler is built on), or over a Subset sharded by rank."""
     loaders = model.calls.get(DATALOADER, [])
-    if not loaders or not model.calls.get(DISTRIBUTED_SAMPLER):
+    if not loaders or not (model.calls.get(DISTRIBUTED_SAMPLER) or model.calls.get(SUBSET)):
         return []
     targets: dict[int, str] = {}
     for target, values in model.bindings.items():
@@ -176,7 +195,8 @@ def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
         dataset = dotted(dataset_arg.value) if dataset_arg is not None else None
         sampler = find_arg(call, "sampler", 3)
         by_sampler = sampler is not None and _is_sampler_value(model, sampler.value)
-        if by_sampler or (dataset is not None and dataset in sampled and sampler is not None):
+        by_subset = dataset_arg is not None and _is_rank_subset(model, dataset_arg.value)
+        if by_sampler or by_subset or (dataset in sampled and sampler is not None):
             batch = find_arg(call, "batch_size", 1)
             found.append(
                 ShardedLoader(call, targets.get(id(call)), dataset, batch.value if batch else None)

@@ -678,7 +678,8 @@ class RandomDraws:
             state = torch.cuda.get_rng_state(device)
         else:
             state = torch.get_rng_state()
-        return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+        # bytes(tolist()): a script without numpy installed has no Tensor.numpy().
+        return hashlib.blake2b(bytes(state.tolist()), digest_size=8).hexdigest()
 
     def draw(self, make, shape, kind: str, device=None):
         """`make(full_shape)` draws; returns this rank's part of the single process's draw."""

@@ -167,6 +167,9 @@ class Resolution:
 
 UNKNOWN = Resolution(None, known=False)
 EVERY_RANK = Resolution(None)
+# A call site inside the helper itself (recursion, or `self.optimizer.step()` inside a
+# method named `step`): it says nothing about where the helper runs.
+_RECURSIVE = Resolution(None, known=False, helper="<recursive>")
 
 
 # -- bindings -------------------------------------------------------------------------------
@@ -302,7 +305,7 @@ class RankZeroFacts:
         if key in self._resolved:
             return self._resolved[key]
         if key in active:  # recursion: the other call sites decide
-            return Resolution(Scope.GLOBAL)
+            return _RECURSIVE
         active.add(key)
         sites = self._sites_of(name, is_method, ancestors[index - 2] if is_method else None)
         results = [
@@ -402,7 +405,7 @@ def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> boo
 
 
 def _weakest(results: Iterable[Resolution], helper: str) -> Resolution:
-    results = list(results)
+    results = [r for r in results if r is not _RECURSIVE]
     if not results:
         return UNKNOWN
     if any(r.known and r.scope is None for r in results):
