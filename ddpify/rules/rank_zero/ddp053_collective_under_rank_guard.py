@@ -5,39 +5,14 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.model import unwrap_call_chain
+from ddpify.analysis.training import COLLECTIVES
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
-    DIST,
     Ancestors,
     RankZeroRule,
     keyword_arg,
     non_zero_guarded,
 )
-
-COLLECTIVES = {
-    f"{DIST}.{name}"
-    for name in (
-        "barrier",
-        "monitored_barrier",
-        "all_reduce",
-        "all_reduce_coalesced",
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_object",
-        "all_gather_coalesced",
-        "all_to_all",
-        "all_to_all_single",
-        "broadcast",
-        "broadcast_object_list",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "gather",
-        "gather_object",
-        "scatter",
-        "scatter_object_list",
-    )
-}
 
 
 @dataclass(frozen=True)
