@@ -6,8 +6,8 @@
 The corpus is the development set described in ../shared/realworld/README.md: public
 training scripts at pinned commits, built OUTSIDE this repository (never copy their code
 into the project). Corpus directory: --corpus, else $DDPIFY_CORPUS, else `corpus/` beside
-the repository's parent (../../corpus from this file's folder, i.e. /work/corpus for a
-checkout at /work/main). The row table is `scripts.tsv` in --table, else $DDPIFY_CORPUS_TABLE,
+the repository (../corpus from the repository's root, i.e. /work/corpus for a checkout
+at /work/main). The row table is `scripts.tsv` in --table, else $DDPIFY_CORPUS_TABLE,
 else ../shared/realworld/scripts.tsv beside the repository. When either is missing the
 benchmark says so and exits 0.
 
@@ -45,8 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CORPUS = ROOT.parent.parent / "corpus"
-DEFAULT_TABLE = ROOT.parent.parent / "shared" / "realworld" / "scripts.tsv"
+DEFAULT_CORPUS = ROOT.parent / "corpus"
+DEFAULT_TABLE = ROOT.parent / "shared" / "realworld" / "scripts.tsv"
 DEFAULT_VENV_PYTHON = Path("/work/corpus-venv/bin/python")
 
 
