@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.devices import DEVICE_TYPE_CALLS
 from ddpify.analysis.names import find_arg, method_name
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan
@@ -17,15 +18,6 @@ from ddpify.migrate.tree import Tree
 
 NAME = "device"
 CUDA_LITERALS = ("cuda", "cuda:0")
-# Calls whose "cuda" argument is a device type, not a device.
-DEVICE_TYPE_CALLS = (
-    "torch.autocast",
-    "torch.amp.autocast",
-    "torch.amp.GradScaler",
-    "torch.cuda.amp.autocast",
-    "torch.cuda.amp.GradScaler",
-    "torch.get_autocast_dtype",
-)
 DEVICE_PARAM_METHODS = ("to", "cuda")
 
 

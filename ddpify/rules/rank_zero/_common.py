@@ -26,6 +26,7 @@ from ddpify.analysis.guards import (
 )
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
+from ddpify.analysis.wrappers import is_parameter
 from ddpify.rules.base import Rule
 from ddpify.walk import children
 
@@ -347,7 +348,7 @@ class RankZeroFacts:
             if found:
                 before = [b for b in found if b.seq < seq]
                 return before[-1] if before else None
-            if _is_parameter(scope, name):
+            if isinstance(scope, cst.FunctionDef) and is_parameter(scope, name):
                 return None
         return None
 
@@ -385,17 +386,6 @@ def _enclosing_scopes(ancestors: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]
     for node in reversed(ancestors):
         if isinstance(node, (cst.FunctionDef, cst.Module)):
             yield node
-
-
-def _is_parameter(function: cst.CSTNode, name: str) -> bool:
-    if not isinstance(function, cst.FunctionDef):
-        return False
-    params = function.params
-    every = [*params.posonly_params, *params.params, *params.kwonly_params]
-    for extra in (params.star_arg, params.star_kwarg):
-        if isinstance(extra, cst.Param):
-            every.append(extra)
-    return any(p.name.value == name for p in every)
 
 
 def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> bool:
