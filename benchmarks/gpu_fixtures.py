@@ -155,8 +155,8 @@ def _shape(before: Path) -> str:
     try:
         import libcst
 
+        from ddpify.analysis.tree import Tree
         from ddpify.migrate.analyze import detect_shape
-        from ddpify.migrate.tree import Tree
 
         tree = Tree(libcst.parse_module(before.read_text(encoding="utf-8")))
         return detect_shape(tree)[0].value

@@ -13,8 +13,8 @@ import libcst as cst
 import pytest
 
 from ddpify.analysis.devices import cuda_placement
+from ddpify.analysis.tree import Tree
 from ddpify.migrate import Options, migrate_source
-from ddpify.migrate.tree import Tree
 from tests.helpers import FIXTURES
 
 CASES_DIR = FIXTURES / "migrate"

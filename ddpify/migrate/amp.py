@@ -18,6 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.tree import Tree, mentions, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     Plan,
@@ -28,7 +29,6 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.entrypoint import runs_on_cuda
-from ddpify.migrate.tree import Tree, mentions, names_in
 
 NAME = "amp"
 AUTOCASTS = ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast")

@@ -13,6 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
@@ -28,7 +29,6 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.tree import Tree, names_in
 
 NAME = "data"
 ADAPTIVE = {

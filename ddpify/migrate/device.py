@@ -11,10 +11,10 @@ import libcst as cst
 
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
 from ddpify.analysis.names import find_arg, method_name
+from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.tree import Tree
 
 NAME = "device"
 CUDA_LITERALS = ("cuda", "cuda:0")

@@ -14,6 +14,7 @@ import libcst as cst
 from ddpify.analysis.devices import cuda_placement
 from ddpify.analysis.guards import classify
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DESTROY_PG,
@@ -25,7 +26,6 @@ from ddpify.migrate.analyze import (
     local_rank_arguments,
 )
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.tree import Tree
 
 NAME = "entrypoint"
 SET_DEVICE = "torch.cuda.set_device"

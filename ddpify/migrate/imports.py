@@ -5,10 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted
+from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import DDP, DIST_SAMPLER, Plan
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.tree import Tree
 
 NAME = "imports"
 DROPPABLE = ("torch.multiprocessing", "torch.cuda.amp")

@@ -14,6 +14,7 @@ from typing import Callable
 
 import libcst as cst
 
+from ddpify.analysis.tree import Tree
 from ddpify.gates import (
     GateError,
     check_comments_kept,
@@ -26,7 +27,6 @@ from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wr
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.report import HumanItem, MigrationResult
-from ddpify.migrate.tree import Tree
 
 Pass = tuple[str, Callable[[Tree, Plan], Edits]]
 

@@ -12,11 +12,11 @@ import libcst as cst
 
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan, training_loops
 from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.tree import Tree, names_in
 
 NAME = "rank-zero"
 LOG_METHODS = {"info", "debug", "warning", "warn", "log"}

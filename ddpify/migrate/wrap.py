@@ -12,6 +12,7 @@ import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.trained import parameter_owners
+from ddpify.analysis.tree import Tree, mentions
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -27,7 +28,6 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.entrypoint import runs_on_cuda
-from ddpify.migrate.tree import Tree, mentions
 
 NAME = "wrap"
 PREPARES = {
