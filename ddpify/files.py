@@ -8,7 +8,7 @@ import io
 import os
 import stat
 import tokenize
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,6 +229,49 @@ def write_file(
                 _write_in_place(target, data)
     except OSError as exc:
         raise SourceError(exc.strerror or str(exc)) from None
+
+
+def write_files(
+    writes: Sequence[tuple[str | Path, bytes, bytes | None]], *, force: bool = False
+) -> None:
+    """Write several files, all or none: (path, data, expected bytes or None) each.
+
+    Every file is checked first (writable, still holding `expected`); then each is
+    written as `write_file` writes one. If a write fails, the files already written get
+    their old bytes back, and SourceError names the file that failed."""
+    for path, _data, expected in writes:
+        target = Path(os.path.realpath(path))
+        try:
+            info = os.stat(target)
+        except FileNotFoundError:
+            info = None
+        except OSError as exc:
+            raise SourceError(f"{path}: {exc.strerror or exc}") from None
+        try:
+            if info is not None:
+                _check_writable(target, info, force)
+            if expected is not None:
+                _check_unchanged(target, expected)
+        except SourceError as exc:
+            raise SourceError(f"{path}: {exc}") from None
+    done: list[tuple[str | Path, bytes | None]] = []
+    for path, data, expected in writes:
+        try:
+            write_file(path, data, expected=expected, force=force)
+        except SourceError as exc:
+            _restore(done)
+            kept = "; the files written before it were restored" if done else ""
+            raise SourceError(f"{path}: {exc}{kept}") from None
+        done.append((path, expected))
+
+
+def _restore(done: list[tuple[str | Path, bytes | None]]) -> None:
+    for path, original in reversed(done):
+        with contextlib.suppress(SourceError, OSError):
+            if original is None:
+                os.unlink(path)
+            else:
+                write_file(path, original, force=True)
 
 
 class _OwnerNotKept(Exception):

@@ -47,16 +47,26 @@ def local_rank_arguments(tree: Tree) -> list[cst.Call]:
 
 
 def optimizer_calls(tree: Tree) -> list[cst.Call]:
+    """The optimizers constructed in this module."""
+    return _optimizer_calls(tree)
+
+
+def project_optimizer_calls(tree: Tree) -> list[cst.Call]:
+    """The optimizers constructed in any module of the project."""
+    return _optimizer_calls(tree.view)
+
+
+def _optimizer_calls(view) -> list[cst.Call]:
     def is_optimizer(call: cst.Call) -> bool:
-        name = tree.qualify(call.func) or ""
+        name = view.qualify(call.func) or ""
         return name.startswith("torch.optim.") and ".lr_scheduler." not in name
 
-    return tree.find(cst.Call, is_optimizer)
+    return view.find(cst.Call, is_optimizer)
 
 
 def bound_target(tree: Tree, call: cst.Call) -> str | None:
     """`x` in `x = call(...)` (also through `.to()` chains), else None."""
-    statement = tree.statement(call)
+    statement = tree.view.statement(call)
     if not isinstance(statement, cst.SimpleStatementLine):
         return None
     small = statement.body[0]
@@ -77,10 +87,11 @@ def bound_target(tree: Tree, call: cst.Call) -> str | None:
 
 def model_names(tree: Tree) -> set[str]:
     """Names that hold the model: `X` in `optim.SGD(X.parameters())`, DDP/DP targets,
-    and the parameters of the script's functions that receive one of them."""
+    and the parameters of the script's functions that receive one of them (in any module
+    of the project)."""
     names: set[str] = set()
-    names.update(trained_modules(optimizer_calls(tree)))
-    for call in tree.calls_to(DDP, DATA_PARALLEL):
+    names.update(trained_modules(_optimizer_calls(tree.view)))
+    for call in tree.view.calls_to(DDP, DATA_PARALLEL):
         target = bound_target(tree, call)
         if target:
             names.add(target)
@@ -88,61 +99,103 @@ def model_names(tree: Tree) -> set[str]:
 
 
 def optimizer_names(tree: Tree) -> set[str]:
-    names = {bound_target(tree, call) for call in optimizer_calls(tree)} - {None}
+    names = {bound_target(tree, call) for call in _optimizer_calls(tree.view)} - {None}
     return names | propagate(tree, names)  # type: ignore[operator]
 
 
 def propagate(tree: Tree, names: set[str]) -> set[str]:
-    """Parameters of the script's own functions that receive one of `names`."""
+    """Parameters of the script's own functions that receive one of `names`; for a
+    class constructed with one (`Trainer(model, ...)`), its `__init__` parameters and
+    the `self.` attributes they are stored in."""
     found: set[str] = set()
-    functions = tree.functions()
-    for call in tree.find(cst.Call):
+    view = tree.view
+    functions = view.functions()
+    constructors = _constructors(view)
+    for call in view.find(cst.Call):
         callee = dotted(call.func)
         if callee is None:
             continue
-        func = functions.get(callee.rsplit(".", 1)[-1])
+        short = callee.rsplit(".", 1)[-1]
+        func = functions.get(short) or constructors.get(short)
         if func is None:
             continue
         params = [p.name.value for p in func.params.params]
-        if params and params[0] in ("self", "cls") and "." in callee:
+        if params and params[0] in ("self", "cls") and ("." in callee or short in constructors):
             params = params[1:]
+        received = set()
         positional = [a for a in call.args if a.keyword is None and not a.star]
         for index, arg in enumerate(positional):
             if dotted(arg.value) in names and index < len(params):
-                found.add(params[index])
+                received.add(params[index])
         for arg in call.args:
             if arg.keyword is not None and dotted(arg.value) in names:
-                found.add(arg.keyword.value)
+                received.add(arg.keyword.value)
+        found |= received
+        if short in constructors and received:
+            found |= _stored_as(view, func, received)
     return found
 
 
+def _constructors(view) -> dict[str, cst.FunctionDef]:
+    """Class name -> its `__init__`, for the classes of the script (or project)."""
+    found = {}
+    for cls in view.find(cst.ClassDef):
+        for statement in cls.body.body:
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+                found.setdefault(cls.name.value, statement)
+    return found
+
+
+def _stored_as(view, init: cst.FunctionDef, params: set[str]) -> set[str]:
+    """`self.model` for `self.model = model` in `init`, with `model` one of `params`."""
+    found = set()
+    for assign in view.within(init, cst.Assign):
+        if isinstance(assign.value, cst.Name) and assign.value.value in params:
+            found |= {dotted(t.target) for t in assign.targets} - {None}
+    return found  # type: ignore[return-value]
+
+
 def backward_calls(tree: Tree) -> list[cst.Call]:
-    return tree.find(cst.Call, lambda c: method_name(c) == "backward")
+    """The backward calls of this module (`project_backward_calls` for all modules)."""
+    return _backward_calls(tree)
+
+
+def project_backward_calls(tree: Tree) -> list[cst.Call]:
+    return _backward_calls(tree.view)
+
+
+def _backward_calls(view) -> list[cst.Call]:
+    return view.find(cst.Call, lambda c: method_name(c) == "backward")
 
 
 def training_loops(tree: Tree) -> list[cst.For]:
-    """The `for` loops that run the backward pass, also through a step helper they call."""
+    """The `for` loops of this module that run the backward pass, also through a step
+    helper they call (defined in any module of the project)."""
+    return [loop for loop in _training_loops(tree.view) if tree.owns(loop)]
+
+
+def _training_loops(view) -> list[cst.For]:
     loops: list[cst.For] = []
-    pending = [(call, 0) for call in backward_calls(tree)]
+    pending = [(call, 0) for call in _backward_calls(view)]
     while pending:
         node, depth = pending.pop(0)
-        current = tree.parent.get(node)
+        current = view.parent.get(node)
         while current is not None and not isinstance(current, (cst.For, cst.FunctionDef)):
-            current = tree.parent.get(current)
+            current = view.parent.get(current)
         if isinstance(current, cst.For):
             if current not in loops:
                 loops.append(current)
         elif isinstance(current, cst.FunctionDef) and depth < 3:
-            pending += [(call, depth + 1) for call in _calls_of(tree, current)]
+            pending += [(call, depth + 1) for call in _calls_of(view, current)]
     return loops
 
 
-def _calls_of(tree: Tree, func: cst.FunctionDef) -> list[cst.Call]:
+def _calls_of(view, func: cst.FunctionDef) -> list[cst.Call]:
     def calls_func(call: cst.Call) -> bool:
         callee = dotted(call.func)
         return callee is not None and callee.rsplit(".", 1)[-1] == func.name.value
 
-    return [call for call in tree.find(cst.Call, calls_func) if not tree.inside(call, func)]
+    return [call for call in view.find(cst.Call, calls_func) if not view.inside(call, func)]
 
 
 def iterated_name(loop: cst.For, tree: Tree | None = None) -> str | None:
@@ -176,9 +229,15 @@ class Loader:
 
 
 def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
-    """The DataLoaders the training loops iterate, and the training loops that iterate
-    something that is not a DataLoader of this script."""
-    loops = training_loops(tree)
+    """The DataLoaders the training loops iterate (built in any module of the project:
+    `Loader.call` may lie in another module than `tree`'s), and the training loops of this
+    module that iterate something that is not a DataLoader."""
+    loaders, unresolved = _train_loaders(tree.view)
+    return loaders, [loop for loop in unresolved if tree.owns(loop)]
+
+
+def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
+    loops = _training_loops(tree)
     loader_names: set[str] = set()
     unresolved = []
     for loop in loops:
@@ -191,7 +250,7 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
     for call in tree.calls_to(DATA_LOADER):
         names = _names_of_loader(tree, call)
         if names & loader_names:
-            loaders.append(Loader(call, names))
+            loaders.append(Loader(call, names | _aliases_in_loops(tree, loops, names)))
     found = {n for loader in loaders for n in loader.names}
     for loop in loops:
         name = iterated_name(loop, tree)
@@ -208,6 +267,50 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
         elif all(outer.call is not known.call for known in loaders):
             loaders.append(outer)
     return _loaders_fed_by_next(tree, loaders, still)
+
+
+def _aliases_in_loops(tree, loops: list[cst.For], names: set[str]) -> set[str]:
+    """The names training loops iterate the loader under (`self.loader` in a Trainer that
+    was handed `loader`)."""
+    found = set()
+    for loop in loops:
+        name = iterated_name(loop, tree)
+        if name is not None and name not in names and _arguments_for(tree, loop, name) & names:
+            found.add(name)
+    return found
+
+
+def stored_models(tree: Tree) -> list[tuple[str, cst.BaseStatement]]:
+    """Attributes of this module's classes that hold a model handed to the constructor
+    (`self.model = model` in `Trainer.__init__`, built with `Trainer(model, ...)` in any
+    module): (`self.model`, the assignment statement)."""
+    models = model_names(tree)
+    found = []
+    constructors = _constructors(tree)
+    for call in tree.view.find(cst.Call):
+        callee = dotted(call.func)
+        init = constructors.get(callee.rsplit(".", 1)[-1]) if callee else None
+        if init is None:
+            continue
+        params = [p.name.value for p in init.params.params][1:]
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        received = {
+            params[i]
+            for i, a in enumerate(positional)
+            if i < len(params) and dotted(a.value) in models
+        }
+        received |= {
+            a.keyword.value
+            for a in call.args
+            if a.keyword is not None and dotted(a.value) in models
+        }
+        for assign in tree.within(init, cst.Assign):
+            if isinstance(assign.value, cst.Name) and assign.value.value in received:
+                for target in assign.targets:
+                    name = dotted(target.target)
+                    if name and name.startswith("self.") and all(name != f for f, _ in found):
+                        found.append((name, tree.statement(assign)))
+    return found
 
 
 def _enclosing_loader(tree: Tree, loop: cst.For, every: list[Loader]) -> Loader | None:
@@ -250,31 +353,66 @@ def _loaders_fed_by_next(
 
 
 def hand_made_batches(tree: Tree) -> list[BatchAssignment]:
-    """Where the batches of loops that use no DataLoader enter the step."""
+    """Where the batches of this module's loops that use no DataLoader enter the step."""
     _, unresolved = train_loaders(tree)
     models = model_names(tree)
     return [batch for loop in unresolved for batch in batch_assignments(loop, models)]
 
 
 def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
-    """If `name` is a parameter of the loop's function, what the callers pass for it."""
+    """What the callers pass for `name` when it is a parameter of the loop's function,
+    or (`self.loader`) an attribute the class stores a constructor parameter in."""
     func = tree.function(loop)
     if func is None:
         return set()
+    if name.startswith("self."):
+        return _attribute_sources(tree, func, name)
+    return _parameter_sources(tree, func, name)
+
+
+def _parameter_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
     params = [p.name.value for p in func.params.params]
     if name not in params:
         return set()
     index = params.index(name)
     offset = 1 if params and params[0] in ("self", "cls") else 0
+    called = func.name.value
+    if called == "__init__":
+        cls = _class_of(tree, func)
+        called = cls.name.value if cls is not None else called
     found = set()
     for call in tree.find(cst.Call):
         callee = dotted(call.func)
-        if callee is None or callee.rsplit(".", 1)[-1] != func.name.value:
+        if callee is None or callee.rsplit(".", 1)[-1] != called:
             continue
         arg = find_arg(call, name, index - offset)
         if arg is not None and dotted(arg.value):
             found.add(dotted(arg.value))  # type: ignore[arg-type]
     return found
+
+
+def _attribute_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
+    """`self.loader = loader` in a method of the class: what its callers pass."""
+    cls = _class_of(tree, func)
+    if cls is None:
+        return set()
+    found = set()
+    for assign in tree.within(cls, cst.Assign):
+        if not isinstance(assign.value, cst.Name):
+            continue
+        if any(dotted(t.target) == name for t in assign.targets):
+            method = tree.function(assign)
+            found.add(assign.value.value)
+            if method is not None:
+                found |= _parameter_sources(tree, method, assign.value.value)
+    return found
+
+
+def _class_of(tree, node: cst.CSTNode) -> cst.ClassDef | None:
+    current = tree.parent.get(node)
+    while current is not None and not isinstance(current, cst.ClassDef):
+        current = tree.parent.get(current)
+    return current
 
 
 def _names_of_loader(tree: Tree, call: cst.Call) -> set[str]:
@@ -340,15 +478,16 @@ def _helper_results(tree: Tree, func: cst.FunctionDef, index: int | None) -> set
 
 def iterable_dataset_classes(tree: Tree) -> set[str]:
     names = set()
-    for cls in tree.find(cst.ClassDef):
-        if any(tree.qualify(base.value) == ITERABLE_DATASET for base in cls.bases):
+    view = tree.view
+    for cls in view.find(cst.ClassDef):
+        if any(view.qualify(base.value) == ITERABLE_DATASET for base in cls.bases):
             names.add(cls.name.value)
     return names
 
 
-def _bindings(tree: Tree) -> dict[str, list[cst.BaseExpression]]:
+def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:
     found: dict[str, list[cst.BaseExpression]] = {}
-    for assign in tree.find(cst.Assign):
+    for assign in tree.view.find(cst.Assign):
         for target in assign.targets:
             name = dotted(target.target)
             if name:

@@ -7,12 +7,15 @@ a transformer that compares `original_node` by identity; the next pass builds a 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import libcst as cst
 
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
 from ddpify.walk import children
+
+if TYPE_CHECKING:
+    from ddpify.analysis.project import ProjectView
 
 BLOCKS = (cst.Module, cst.IndentedBlock)
 SCOPES = (cst.Module, cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -26,6 +29,8 @@ class Tree:
         self.nodes: list[cst.CSTNode] = []
         self._by_kind: dict[type, list[cst.CSTNode]] = {}
         self.imports = ImportMap()
+        # What the roles analysis searches: this tree, or every module of its project.
+        self.view: Tree | ProjectView = self
         self._collect(module)
 
     def _collect(self, module: cst.Module) -> None:
@@ -83,6 +88,10 @@ class Tree:
                 return True
             current = self.parent.get(current)
         return False
+
+    def owns(self, node: cst.CSTNode) -> bool:
+        """Whether `node` belongs to this module (not to another module of the project)."""
+        return node in self.order
 
     def after(self, node: cst.CSTNode, anchor: cst.CSTNode) -> bool:
         return self.order[node] > self.order[anchor]

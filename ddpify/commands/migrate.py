@@ -6,12 +6,15 @@ import argparse
 import difflib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
+from ddpify.analysis.project import Project, copy_python_files
 from ddpify.config import ConfigError, MigrateConfig, load_config
-from ddpify.files import SourceError, read_source, write_file
+from ddpify.files import SourceError, read_source, write_file, write_files
 from ddpify.gates import GateError
 from ddpify.migrate import MigrationResult, Options, migrate_source
+from ddpify.migrate.project import ProjectMigration, load_project, migrate_project
 
 EXIT_OK, EXIT_NOT_MIGRATED, EXIT_ERROR = 0, 1, 2
 
@@ -22,6 +25,11 @@ examples:
   ddpify migrate train.py --diff               show the diff, write nothing
   ddpify migrate train.py --batch-policy global --amp off
   ddpify migrate train.py --verify -- --epochs 1   only write if gradients match
+  ddpify migrate projects/detector/             the one entry script in a directory
+
+projects: when SCRIPT imports local modules (`from trainer import Trainer`, a package
+beside it), every module that needs a change is rewritten where the model, loaders and
+loop live, with one report; all files are written or none.
 
 batch policy:
   per-rank  each process keeps the original batch size; the global batch grows N-fold and
@@ -45,7 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("script", help="the training script")
+    parser.add_argument(
+        "script", help="the training script (its local imports come along), or a directory"
+    )
     _add_options(parser)
     # Everything after SCRIPT: more options, then `--` and the script's own arguments.
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -149,24 +159,24 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"ddpify: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    if os.path.isdir(args.script):
+        entry = _entry_in(args.script)
+        if entry is None:
+            return EXIT_ERROR
+        args.script = entry
+    options = _options(args, defaults)
     try:
-        source = read_source(args.script)
+        project = load_project(args.script)
     except SourceError as exc:
         print(f"ddpify: error: {args.script}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    options = _options(args, defaults)
+    if not project.is_single_file:
+        return _run_project(args, project, options, script_args)
+    source = project.modules[project.entries[0]].source
     try:
         result = migrate_source(source.text, args.script, options)
     except GateError as exc:
-        if exc.pass_name == "parse":
-            print(f"ddpify: error: {args.script}: {exc.reason}", file=sys.stderr)
-        else:
-            print(
-                f"ddpify: error: the {exc.pass_name} pass failed a safety gate: {exc.reason}; "
-                "nothing was written (please report this)",
-                file=sys.stderr,
-            )
-        return EXIT_ERROR
+        return _gate_failed(args.script, exc)
     report = sys.stderr if args.diff else sys.stdout
     if not result.migrated:
         result.render(report)
@@ -195,6 +205,93 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     result.render(report, str(target))
     return EXIT_OK
+
+
+def _entry_in(directory: str) -> str | None:
+    """The one script of `directory` that starts a run (a `__main__` guard), else None
+    with the error said."""
+    candidates = sorted(str(path) for path in Path(directory).glob("*.py") if _starts_a_run(path))
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        print(
+            f"ddpify: error: {directory}: no entry script (a .py file with an "
+            '`if __name__ == "__main__":` block) in this directory; name the script',
+            file=sys.stderr,
+        )
+    else:
+        shown = ", ".join(Path(c).name for c in candidates)
+        print(
+            f"ddpify: error: {directory}: several entry scripts ({shown}); name the one to migrate",
+            file=sys.stderr,
+        )
+    return None
+
+
+def _starts_a_run(path: Path) -> bool:
+    try:
+        text = read_source(path).text
+    except SourceError:
+        return False
+    return "__main__" in text and "torch" in text
+
+
+def _run_project(args, project: Project, options: Options, script_args) -> int:
+    """Migrate the entry script and the local modules it imports; write all or none."""
+    if args.output:
+        print(
+            f"ddpify: error: {args.script} imports local modules that change too; -o/--output "
+            "takes a single script: migrate in place (your version control keeps the original), "
+            "or copy the project first",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    try:
+        migration = migrate_project(project, args.script, options)
+    except GateError as exc:
+        return _gate_failed(args.script, exc)
+    report = sys.stderr if args.diff else sys.stdout
+    if not migration.migrated:
+        migration.render(report)
+        return EXIT_NOT_MIGRATED
+    if args.check:
+        migration.render(report)
+        return EXIT_NOT_MIGRATED if migration.changed else EXIT_OK
+    if args.diff:
+        for result in migration.changed_results:
+            sys.stdout.writelines(_diff(result, result.filename))
+        migration.render(report)
+        return EXIT_OK
+    if getattr(args, "verify", False) and migration.changed:
+        code = _verify_project(migration, script_args)
+        if code != EXIT_OK:
+            return code
+    try:
+        write_files(
+            [
+                (source.path, source.encode(result.output), source.data)
+                for result in migration.changed_results
+                for source in [migration.sources[result.filename]]
+            ],
+            force=args.force_write,
+        )
+    except SourceError as exc:
+        print(f"ddpify: error: {exc}; nothing was written", file=sys.stderr)
+        return EXIT_ERROR
+    migration.render(report)
+    return EXIT_OK
+
+
+def _gate_failed(script: str, exc: GateError) -> int:
+    if exc.pass_name == "parse":
+        print(f"ddpify: error: {script}: {exc.reason}", file=sys.stderr)
+    else:
+        print(
+            f"ddpify: error: the {exc.pass_name} pass failed a safety gate: {exc.reason}; "
+            "nothing was written (please report this)",
+            file=sys.stderr,
+        )
+    return EXIT_ERROR
 
 
 def _options(args: argparse.Namespace, defaults: MigrateConfig) -> Options:
@@ -250,5 +347,37 @@ def _verify(result: MigrationResult, original: Path, target: Path, script_args) 
     outcome.render(sys.stdout)
     if outcome.exit_code != 0:
         print(f"ddpify: verification did not pass; {target} was not written", file=sys.stderr)
+        return EXIT_NOT_MIGRATED if outcome.exit_code == 1 else EXIT_ERROR
+    return EXIT_OK
+
+
+def _verify_project(migration: ProjectMigration, script_args) -> int:
+    """Verify a project before writing it: the converted modules go into a temporary copy
+    of the project's Python files, whose entry script runs against the original."""
+    from ddpify.verify import run_verify
+
+    entry = migration.project.entries[0]
+    root = migration.project.root
+    summary = migration.summary()
+    with tempfile.TemporaryDirectory(prefix="ddpify-project-") as work:
+        copy = copy_python_files(root, Path(work))
+        for result in migration.changed_results:
+            path = Path(migration.sources[result.filename].path)
+            (copy / path.relative_to(root)).write_text(result.output, encoding="utf-8")
+        converted = copy / entry.relative_to(root)
+        nproc = 2
+        outcome = run_verify(
+            entry,
+            converted,
+            nproc=nproc,
+            script_args=tuple(script_args),
+            batch_policy=summary.batch_policy,
+            lr_scale=summary.lr_scale_for(nproc),
+            fixed_codes=sorted({c for r in migration.results for c in r.fixed_codes}),
+        )
+        outcome.settings["converted"] = f"the migration of {entry} (not yet written)"
+    outcome.render(sys.stdout)
+    if outcome.exit_code != 0:
+        print("ddpify: verification did not pass; nothing was written", file=sys.stderr)
         return EXIT_NOT_MIGRATED if outcome.exit_code == 1 else EXIT_ERROR
     return EXIT_OK

@@ -51,6 +51,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
         return edits
     if plan.options.amp == "off" or not plan.shape.converts:
         return edits
+    if not backward_calls(tree):
+        return edits  # a module of a project without a training step of its own
     if not runs_on_cuda(tree):
         plan.needs_human(
             "mixed precision not added: the script keeps its tensors on the CPU, where "
@@ -286,6 +288,8 @@ def _constants(tree: Tree, plan: Plan, edits: Edits) -> None:
         if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
             if dotted(stmt.body[0].targets[0].target) == "WORLD_SIZE":
                 anchor = stmt
+    if anchor is None and not plan.entry:
+        anchor = _last_import(tree)  # a project's module: the rank constants come later
     if anchor is None:
         return
     choice = plan.options.amp
@@ -295,3 +299,15 @@ def _constants(tree: Tree, plan: Plan, edits: Edits) -> None:
     lines[0] = lines[0].with_changes(leading_lines=[cst.EmptyLine(), *lines[0].leading_lines])
     edits.after[anchor].extend(lines)
     plan.change(NAME, f"mixed precision on GPUs: {snippets.AMP_CHOICE[choice]}", "USE_AMP = ")
+
+
+def _last_import(tree: Tree) -> cst.BaseStatement | None:
+    last = None
+    for stmt in tree.module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
+            stmt.body[0], (cst.Import, cst.ImportFrom)
+        ):
+            last = stmt
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            break
+    return last

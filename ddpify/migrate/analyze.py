@@ -32,6 +32,7 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     model_names,
     optimizer_calls,
     optimizer_names,
+    project_backward_calls,
     propagate,
     train_loaders,
     training_loops,
@@ -95,6 +96,7 @@ class Plan:
     amp_existing: bool = False
     needs: set[str] = field(default_factory=set)  # imports the passes used: os, dist, ...
     hand_made: str | None = None  # how hand-made batches were sharded, for the report
+    entry: bool = True  # the script that starts the run (not a module it imports)
 
     def change(self, pass_name: str, description: str, anchor: str | None, code=None) -> None:
         self.changes.append(Change(pass_name, description, code, _first_line(anchor)))
@@ -119,23 +121,30 @@ def _first_line(text: str | None) -> str | None:
 
 
 def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
+    """The shape of a script, or of a project when `tree` is its entry (every module of
+    the project counts: a Trainer module that calls mp.spawn makes a spawn project)."""
+    trees = _trees(tree)
     for module, label in FRAMEWORKS.items():
-        if tree.imports.imports_any(module):
+        if any(t.imports.imports_any(module) for t in trees):
             return Shape.FRAMEWORK, (
                 f"the script uses {label}, which launches processes, shards data and "
                 "guards rank-0 I/O itself; launch it the way it documents"
             )
-    if not tree.imports.imports_any("torch"):
+    if not any(t.imports.imports_any("torch") for t in trees):
         return Shape.UNKNOWN, "the script does not import torch"
-    if tree.calls_to(*SPAWN):
+    if tree.view.calls_to(*SPAWN):
         return Shape.SPAWN, None
-    if local_rank_arguments(tree):
+    if any(local_rank_arguments(t) for t in trees):
         return Shape.LAUNCH, None
-    if tree.calls_to(INIT_PG, DDP):
+    if tree.view.calls_to(INIT_PG, DDP):
         return Shape.TORCHRUN, None
-    if tree.calls_to(DATA_PARALLEL):
+    if tree.view.calls_to(DATA_PARALLEL):
         return Shape.DATA_PARALLEL, None
     return Shape.SINGLE, None
+
+
+def _trees(tree: Tree) -> list[Tree]:
+    return getattr(tree.view, "trees", [tree])
 
 
 def aliases(tree: Tree, plan: Plan) -> None:
@@ -148,28 +157,54 @@ def aliases(tree: Tree, plan: Plan) -> None:
 
 
 def analyze(tree: Tree, options: Options) -> Plan:
-    shape, reason = detect_shape(tree)
+    """The plan for one script; `analyze_project` for a project's modules."""
+    return analyze_project([tree], options)[0]
+
+
+def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
+    """One plan per module (the entry script first), for the project as a whole: the
+    training step, the model and the loaders may each live in another module."""
+    entry = trees[0]
+    shape, reason = detect_shape(entry)
     if reason is not None:
         raise NotMigrated(shape, reason)
-    plan = Plan(shape, options)
-    aliases(tree, plan)
-    if not backward_calls(tree):
-        raise NotMigrated(
-            Shape.UNKNOWN,
-            "no training step (`loss.backward()`) in this file; if the loop lives in another "
-            "module, migrate that module",
-        )
-    if not model_names(tree):
+    plans = []
+    for index, tree in enumerate(trees):
+        plan = Plan(shape, options, entry=index == 0)
+        aliases(tree, plan)
+        plans.append(plan)
+    where = "in this file" if len(trees) == 1 else "in this script or the local modules it imports"
+    if not project_backward_calls(entry):
+        raise NotMigrated(Shape.UNKNOWN, f"no training step (`loss.backward()`) {where}")
+    if not model_names(entry):
         raise NotMigrated(
             Shape.UNKNOWN,
             "cannot tell which object is the model (no `optimizer(model.parameters())`)",
         )
-    loaders, unresolved = train_loaders(tree)
     if shape.converts:
-        _refuse_unshardable(tree, loaders, unresolved)
+        _refuse_launcher_elsewhere(trees)
+        loaders, _ = train_loaders(entry)
+        unresolved = [loop for tree in trees for loop in train_loaders(tree)[1]]
+        _refuse_unshardable(entry, loaders, unresolved)
     if shape is Shape.SPAWN:
-        _spawn_worker(tree, plan)
-    return plan
+        holder = next(index for index, tree in enumerate(trees) if tree.calls_to(*SPAWN))
+        _spawn_worker(trees[holder], plans[holder])
+    return plans
+
+
+def _refuse_launcher_elsewhere(trees: list[Tree]) -> None:
+    """Process-group set-up is rewritten in the entry script only; set-up in a helper
+    module (`utils.init_distributed_mode(args)`) is left to a human."""
+    for tree in trees[1:]:
+        calls = tree.calls_to(INIT_PG, *SPAWN)
+        if calls:
+            line = _first_line(tree.code(tree.statement(calls[0])))
+            raise NotMigrated(
+                Shape.UNKNOWN,
+                f"the process group is set up in an imported module (`{line}`); ddpify "
+                "rewrites the set-up in the entry script only: move it there (or remove it "
+                "and migrate again)",
+            )
 
 
 def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.For]) -> None:
@@ -200,13 +235,13 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
     """A loop without a DataLoader is migrated when its batch enters the step at an
     assignment in the loop (sharded there by rank); not when it trains full-batch or on
     one example at a time, which no split across ranks computes the same way."""
-    line = tree.code(loop).strip().splitlines()[0]
+    line = tree.view.code(loop).strip().splitlines()[0]
     models = model_names(tree)
     batches = batch_assignments(loop, models)
     calls = model_calls(loop, models)
     inline = [c for c in calls if any(isinstance(a.value, cst.Subscript) for a in c.args)]
     if not batches and inline:
-        call = tree.code(inline[0])
+        call = tree.view.code(inline[0])
         raise NotMigrated(
             Shape.UNKNOWN,
             f"hand-made batches sliced inside the call `{call}` (in `{line}`): bind the batch to "
@@ -214,7 +249,7 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "it by rank there",
         )
     if not batches:
-        forward = _first_line(tree.code(tree.statement(calls[0]))) if calls else None
+        forward = _first_line(tree.view.code(tree.view.statement(calls[0]))) if calls else None
         where = f"`{forward}` in the loop `{line}`" if forward else f"the loop `{line}`"
         raise NotMigrated(
             Shape.UNKNOWN,
@@ -234,7 +269,7 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
         )
     for batch in batches:
         if single_example(batch.value):
-            stmt = _first_line(tree.code(batch.statement))
+            stmt = _first_line(tree.view.code(batch.statement))
             raise NotMigrated(
                 Shape.UNKNOWN,
                 f"`{stmt}` trains on one example per step (in `{line}`); one example cannot be "

@@ -55,7 +55,10 @@ GLOBAL_NOTE = "# ddpify: batch policy global: batch_size // WORLD_SIZE per proce
 def run(tree: Tree, plan: Plan) -> Edits:
     edits = Edits()
     loaders, _ = train_loaders(tree)
-    for loader in loaders:
+    # In a project the loader may be built in another module: it is sharded there, and
+    # this module's epoch loop calls set_epoch on it.
+    built_here = [loader for loader in loaders if tree.owns(loader.call)]
+    for loader in built_here:
         _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
@@ -63,7 +66,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if hand_made and not loaders:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:
-            _batch_and_lr(tree, plan, edits, loaders)
+            _batch_and_lr(tree, plan, edits, built_here)
     _set_epoch(tree, plan, edits, loaders)
     _map_location(tree, plan, edits)
     return edits
@@ -345,7 +348,8 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> N
 
 def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | None:
     inside = names_in(loop)
-    for name in sorted(inside & set(names)):
+    # `self.loader` before `loader`: names_in also lists the attribute's own name.
+    for name in sorted(inside & set(names), key=_most_qualified):
         return name
     cls = tree.parent.get(tree.function(loop)) if tree.function(loop) else None
     cls = tree.parent.get(cls) if isinstance(cls, cst.IndentedBlock) else None
@@ -355,8 +359,12 @@ def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | Non
             if name.startswith("self.") and name[5:] in methods:
                 used = names_in(methods[name[5:]]) & set(names)
                 if used:
-                    return sorted(used)[0]
+                    return sorted(used, key=_most_qualified)[0]
     return None
+
+
+def _most_qualified(name: str) -> tuple[int, str]:
+    return -name.count("."), name
 
 
 def _set_epoch_code(tree: Tree, loop: cst.For, name: str, loader: Loader, epoch: str) -> str:
@@ -366,7 +374,11 @@ def _set_epoch_code(tree: Tree, loop: cst.For, name: str, loader: Loader, epoch:
         bound = _sampler_call(tree, given.value)
         if sampler and isinstance(bound, cst.IfExp):
             return f"if {sampler} is not None:\n    {sampler}.set_epoch({epoch})\n"
-        if sampler and tree.scope(tree.statement(loader.call)) is tree.scope(loop):
+        if (
+            sampler
+            and tree.owns(loader.call)
+            and tree.scope(tree.statement(loader.call)) is tree.scope(loop)
+        ):
             return f"{sampler}.set_epoch({epoch})\n"
     return f"{name}.sampler.set_epoch({epoch})\n"
 

@@ -39,6 +39,12 @@ def run(tree: Tree, plan: Plan) -> Edits:
         return edits
     if not plan.shape.converts:
         return edits
+    if not plan.entry:
+        # A module the entry script imports: the process group is the entry's; a GPU this
+        # module picks itself would override the local rank's.
+        if plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
+            _remove_set_device(tree, plan, edits)
+        return edits
     plan.needs |= {"os", "dist"}
     anchor = _insertion_point(tree)
     cuda = runs_on_cuda(tree)
@@ -74,8 +80,10 @@ def run(tree: Tree, plan: Plan) -> Edits:
 
 
 def runs_on_cuda(tree: Tree) -> bool:
-    """Whether the script puts anything on a GPU (else it trains on the CPU everywhere)."""
-    return cuda_placement(tree.nodes, tree.qualify, tree.parent) is not None
+    """Whether the script, or any module of its project, puts anything on a GPU (else it
+    trains on the CPU everywhere)."""
+    trees = getattr(tree.view, "trees", [tree])
+    return any(cuda_placement(t.nodes, t.qualify, t.parent) is not None for t in trees)
 
 
 def _insertion_point(tree: Tree) -> cst.BaseStatement | None:

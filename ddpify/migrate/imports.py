@@ -12,6 +12,7 @@ from ddpify.migrate.edits import Edits
 
 NAME = "imports"
 DROPPABLE = ("torch.multiprocessing", "torch.cuda.amp")
+ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def run(tree: Tree, plan: Plan) -> Edits:
@@ -31,6 +32,18 @@ def run(tree: Tree, plan: Plan) -> Edits:
     for line in wanted:
         edits.after[after].append(snippets.statement(line))
         plan.change(NAME, line, line)
+    if not plan.entry and _reads_undefined(tree, ENV_NAMES):
+        # A module of the project that now uses the rank: it reads the environment as the
+        # entry script does (torchrun sets it; a plain run is rank 0 of 1).
+        constants = snippets.statements(snippets.ENV_CONSTANTS, snippets.ENV_COMMENT)
+        constants[0] = constants[0].with_changes(
+            leading_lines=[cst.EmptyLine(), *constants[0].leading_lines]
+        )
+        edits.after[after].extend(constants)
+        plan.needs.add("os")
+        plan.change(
+            NAME, "read RANK, LOCAL_RANK and WORLD_SIZE from the environment", "RANK = int("
+        )
     if "os" in plan.needs and tree.imports.aliases.get("os") != "os":
         first_torch = torch_imports[0] if torch_imports else None
         stdlib = [s for s in imports if first_torch is None or tree.after(first_torch, s)]
@@ -101,3 +114,17 @@ def _bound(alias: cst.ImportAlias) -> str:
     if alias.asname is not None:
         return dotted(alias.asname.name) or ""  # type: ignore[arg-type]
     return (dotted(alias.name) or "").split(".")[0]
+
+
+def _reads_undefined(tree: Tree, names: tuple[str, ...]) -> bool:
+    """Whether the module reads one of `names` that no top-level statement binds."""
+    read = {node.value for node in tree.find(cst.Name) if node.value in names}
+    if not read:
+        return False
+    bound = set()
+    for statement in tree.module.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Assign):
+                    bound |= {dotted(t.target) for t in small.targets}
+    return bool(read - bound)

@@ -14,6 +14,7 @@ from typing import Callable
 
 import libcst as cst
 
+from ddpify.analysis.project import ProjectView
 from ddpify.analysis.tree import Tree
 from ddpify.gates import (
     GateError,
@@ -24,7 +25,7 @@ from ddpify.gates import (
 )
 from ddpify.guarded import GaveUp, guarded
 from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wrap
-from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze
+from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze_project
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.report import HumanItem, MigrationResult
 
@@ -51,42 +52,90 @@ def migrate_source(
 ) -> MigrationResult:
     """Migrate one script's text. Raises GateError when a safety gate fails, and fails
     the `parse` gate for a file that crashes or stalls the parser (see guarded.py)."""
+    return migrate_sources({filename: text}, options, gates=gates, passes=passes)[0]
+
+
+def migrate_sources(
+    texts: dict[str, str],
+    options: Options | None = None,
+    *,
+    gates: bool = True,
+    passes: Sequence[Pass] | None = None,
+) -> list[MigrationResult]:
+    """Migrate a project: the entry script first, then the local modules it imports
+    (name -> text). One result per module, in the same order; every module passes the
+    gates or GateError names the first that does not."""
     try:
-        return guarded(_migrate_source, text, filename, options, gates, passes)
+        return guarded(_migrate_guarded, "\n".join(texts.values()), texts, options, gates, passes)
     except GaveUp as exc:
         raise GateError("parse", f"cannot analyse: {exc}") from None
 
 
-def _migrate_source(
-    text: str,
-    filename: str,
-    options: Options | None,
-    gates: bool,
-    passes: Sequence[Pass] | None,
-) -> MigrationResult:
-    options = options or Options()
-    passes = PASSES if passes is None else passes
-    module = check_roundtrip(text)
+def _migrate_guarded(_joined, texts, options, gates, passes) -> list[MigrationResult]:
+    return _migrate_sources(
+        texts, options or Options(), gates, PASSES if passes is None else passes
+    )
+
+
+def _migrate_sources(
+    texts: dict[str, str], options: Options, gates: bool, passes: Sequence[Pass]
+) -> list[MigrationResult]:
+    names = list(texts)
+    several = len(names) > 1
+    modules = [_in_file(name, several, check_roundtrip, texts[name]) for name in names]
+    trees = link([Tree(module) for module in modules])
+    stages = {name: [("input", texts[name])] for name in names}
     try:
-        tree = Tree(module)
-        plan = analyze(tree, options)
-        stages = [("input", text)]
-        for name, run in passes:
-            module, code = _run_pass(name, run, tree, plan)
-            tree = Tree(module)
-            stages.append((name, stages[-1][1] if code is None else code))
+        plans = analyze_project(trees, options)
+        for pass_name, run in passes:
+            changed = False
+            for index, name in enumerate(names):
+                tree, plan = trees[index], plans[index]
+                module, code = _in_file(name, several, _run_pass, pass_name, run, tree, plan)
+                if code is not None:
+                    trees[index] = Tree(module)
+                    changed = True
+                stages[name].append((pass_name, stages[name][-1][1] if code is None else code))
+            if changed:
+                trees = link(trees)
     except NotMigrated as exc:
-        return MigrationResult(filename, text, text, exc.shape.value, False, exc.reason)
-    output = stages[-1][1]
-    if gates:
-        check_compiles(output, "output")
-        _gate_comments(stages)
-    result = _result(filename, text, output, plan)
-    if gates and result.changed:
-        _gate_idempotent(result, options, passes)
-        _gate_check(result)
-    result.locate()
-    return result
+        return [
+            MigrationResult(name, texts[name], texts[name], exc.shape.value, False, exc.reason)
+            for name in names
+        ]
+    results = []
+    for name, plan in zip(names, plans):
+        output = stages[name][-1][1]
+        if gates:
+            _in_file(name, several, check_compiles, output, "output")
+            _in_file(name, several, _gate_comments, stages[name])
+        results.append(_result(name, texts[name], output, plan))
+    if gates and any(result.changed for result in results):
+        _gate_idempotent(results, options, passes)
+        for name, result in zip(names, results):
+            _in_file(name, several, _gate_check, result)
+    for result in results:
+        result.locate()
+    return results
+
+
+def link(trees: list[Tree]) -> list[Tree]:
+    """Make every tree of a project search the whole project (see analysis/project.py)."""
+    if len(trees) > 1:
+        view = ProjectView(trees)
+        for tree in trees:
+            tree.view = view
+    return trees
+
+
+def _in_file(name: str, several: bool, fn, *args):
+    """`fn(*args)`; in a project, a failed gate names the file it failed on."""
+    try:
+        return fn(*args)
+    except GateError as exc:
+        if several and not exc.reason.startswith(f"{name}: "):
+            raise GateError(exc.pass_name, f"{name}: {exc.reason}") from None
+        raise
 
 
 def _run_pass(name: str, run, tree: Tree, plan: Plan) -> tuple[cst.Module, str | None]:
@@ -147,13 +196,17 @@ def _gate_comments(stages: list[tuple[str, str]]) -> None:
     check_comments_kept(stages[0][1], stages[-1][1], "pipeline")
 
 
-def _gate_idempotent(result: MigrationResult, options: Options, passes) -> None:
-    again = migrate_source(result.output, result.filename, options, gates=False, passes=passes)
-    if again.output != result.output:
-        culprits = sorted({c.pass_name for c in again.changes}) or ["pipeline"]
-        raise GateError(
-            ", ".join(culprits), "not idempotent: migrating the output again changes it"
-        )
+def _gate_idempotent(results: list[MigrationResult], options: Options, passes) -> None:
+    outputs = {result.filename: result.output for result in results}
+    again = _migrate_sources(outputs, options, False, passes)
+    for result, second in zip(results, again):
+        if second.output != result.output:
+            culprits = sorted({c.pass_name for c in second.changes}) or ["pipeline"]
+            where = f"{result.filename}: " if len(results) > 1 else ""
+            raise GateError(
+                ", ".join(culprits),
+                f"{where}not idempotent: migrating the output again changes it",
+            )
 
 
 def _gate_check(result: MigrationResult) -> None:

@@ -104,6 +104,13 @@ class MigrationResult:
         else:
             write(f"{self.filename}: migrated ({self.shape})\n")
             self._render_numbers(write)
+        self.render_changes(stream)
+        write("\nRun it:\n")
+        for label, command in self.commands(script):
+            write(f"  # {label}\n  {command}\n")
+
+    def render_changes(self, stream: TextIO) -> None:
+        write = stream.write
         if self.changes:
             write("\nChanges:\n")
             for change in self.changes:
@@ -113,9 +120,6 @@ class MigrationResult:
             write("\nNeeds a human:\n")
             for item in self.needs_human:
                 write(f"  {_line(item.line)} {item.why}\n")
-        write("\nRun it:\n")
-        for label, command in self.commands(script):
-            write(f"  # {label}\n  {command}\n")
 
     def _render_numbers(self, write) -> None:
         """First, the choices that change the numbers a run produces."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.roles import project_optimizer_calls, stored_models
 from ddpify.analysis.trained import parameter_owners
 from ddpify.analysis.tree import Tree, mentions
 from ddpify.migrate import snippets
@@ -91,6 +92,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
         target = bound_target(tree, call)
         if target:
             wrapped.append((target, tree.statement(call)))
+    if plan.shape is not Shape.FRAMEWORK:
+        # A class handed the wrapped model (`Trainer(model)`) holds the wrapper too.
+        wrapped += [pair for pair in stored_models(tree) if pair[0] not in dict(wrapped)]
     _through_module(tree, plan, edits, wrapped)
     return edits
 
@@ -208,6 +212,8 @@ def _hoist(edits: Edits, owner: cst.If) -> None:
 def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
     """Wrap every module an optimizer trains (a GAN's generator and discriminator alike)."""
     optimizers = optimizer_calls(tree)
+    if not optimizers and project_optimizer_calls(tree):
+        return []  # a module of a project: the model is wrapped where it is optimized
     if not optimizers:
         raise NotMigrated(Shape.UNKNOWN, "no torch.optim optimizer found; cannot tell the model")
     already = {bound_target(tree, call) for call in tree.calls_to(DDP)}

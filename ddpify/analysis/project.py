@@ -1,0 +1,361 @@
+"""A project: entry scripts and the local modules they import, each parsed once.
+
+Research code is rarely one file: `train.py` calls a `Trainer` in `trainer.py`, which
+saves through `utils.save_on_master()` and iterates a loader built in `data.py`. The
+project follows imports the way Python resolves them for `python train.py` (the
+script's directory first, packages through `__init__.py`, relative imports from the
+importing module's package), never outside the directory tree it started from and
+never into site-packages. Nothing is imported or run: modules are read and parsed.
+
+Discovery is bounded (`MAX_MODULES`) and lazy in the checker (`ProjectIndex`): a file
+that imports nothing local costs one scan of its import statements.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import libcst as cst
+
+from ddpify.analysis.tree import Tree
+from ddpify.files import SourceError, SourceFile, read_source
+
+MAX_MODULES = 64
+# How far above an entry script a package root may be (`python tools/train.py` importing
+# `from mypkg import ...`, with `mypkg/` beside `tools/`).
+MAX_ROOT_ASCENT = 2
+
+
+@dataclass
+class ProjectModule:
+    path: Path
+    source: SourceFile
+    imports: list[Path] = field(default_factory=list)  # local modules it imports directly
+
+    @property
+    def text(self) -> str:
+        return self.source.text
+
+
+@dataclass
+class Project:
+    """The modules reachable from `entries`, in discovery order (entries first)."""
+
+    entries: list[Path]
+    modules: dict[Path, ProjectModule] = field(default_factory=dict)
+    # Local imports that could not be followed: (importer, what, why).
+    problems: list[tuple[Path, str, str]] = field(default_factory=list)
+    truncated: bool = False  # more than MAX_MODULES local modules
+
+    @classmethod
+    def discover(
+        cls,
+        entries: Sequence[str | Path],
+        *,
+        limit: int = MAX_MODULES,
+        read: Callable[[Path], SourceFile] = read_source,
+    ) -> Project:
+        """Read the entries and, breadth first, the local modules they import. An entry
+        that cannot be read raises SourceError; an imported module that cannot be read or
+        parsed is recorded in `problems` and not followed."""
+        paths = [Path(entry).resolve() for entry in entries]
+        project = cls(paths)
+        boundary = _common_root(paths)
+        queue: list[Path] = []
+        for path in paths:
+            project.modules[path] = ProjectModule(path, read(path))
+            queue.append(path)
+        while queue:
+            path = queue.pop(0)
+            module = project.modules[path]
+            for found, what in local_imports(path, module.text, paths, boundary):
+                if found in module.imports:
+                    continue
+                module.imports.append(found)
+                if found in project.modules:
+                    continue
+                if len(project.modules) >= limit:
+                    project.truncated = True
+                    continue
+                try:
+                    project.modules[found] = ProjectModule(found, read(found))
+                except SourceError as exc:
+                    project.problems.append((path, what, str(exc)))
+                    continue
+                queue.append(found)
+        return project
+
+    @property
+    def is_single_file(self) -> bool:
+        return len(self.modules) == len(self.entries)
+
+    @property
+    def root(self) -> Path:
+        """The directory the project lies in (its modules never leave it)."""
+        return _common_root(self.entries)
+
+    def relative(self, path: Path) -> str:
+        """`path` as shown to the user: relative to the project's root."""
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+
+def copy_python_files(root: Path, destination: Path, limit: int = 5000) -> Path:
+    """Copy the .py files below `root` (not hidden or virtual-env folders) into
+    `destination`, keeping their layout: a project to run beside the original."""
+    copied = 0
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if any(part.startswith(".") or part in _NOT_SOURCE for part in relative.parts[:-1]):
+            continue
+        target = destination / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        copied += 1
+        if copied >= limit:
+            break
+    return destination
+
+
+_NOT_SOURCE = {"venv", "env", "site-packages", "node_modules", "__pycache__", "build", "dist"}
+
+
+# -- import resolution -------------------------------------------------------------------
+
+
+def local_imports(
+    importer: Path, text: str, entries: Sequence[Path], boundary: Path
+) -> Iterator[tuple[Path, str]]:
+    """The local modules `importer`'s import statements load, with the import as written.
+
+    Read with Python's own `ast` (cheap, and it does not run anything); a file it
+    cannot parse imports nothing as far as discovery goes."""
+    if "import" not in text:
+        return
+    try:
+        tree = ast.parse(text, str(importer))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return
+    roots = _roots(entries, boundary)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                for path in _resolve_absolute(alias.name, roots, boundary):
+                    yield path, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names if alias.name != "*"]
+            shown = f"from {'.' * node.level}{node.module or ''} import ..."
+            if node.level:
+                found = _resolve_relative(importer, node.level, node.module, names, boundary)
+            else:
+                found = _resolve_absolute(node.module or "", roots, boundary, names)
+            for path in found:
+                yield path, shown
+
+
+def _roots(entries: Sequence[Path], boundary: Path) -> list[Path]:
+    """Where top-level imports are looked up: each entry's directory (Python's
+    sys.path[0]), then its parents up to MAX_ROOT_ASCENT levels, inside `boundary`."""
+    roots: list[Path] = []
+    for entry in entries:
+        directory = entry.parent
+        for _ in range(MAX_ROOT_ASCENT + 1):
+            if directory not in roots and _within(directory, boundary):
+                roots.append(directory)
+            directory = directory.parent
+    return roots
+
+
+def _resolve_absolute(
+    dotted: str, roots: Iterable[Path], boundary: Path, names: Sequence[str] = ()
+) -> list[Path]:
+    if not dotted:
+        return []
+    parts = dotted.split(".")
+    for root in roots:
+        found = _module_files(root, parts, names)
+        if found:
+            return [path for path in found if _within(path, boundary)]
+    return []
+
+
+def _resolve_relative(
+    importer: Path, level: int, dotted: str | None, names: Sequence[str], boundary: Path
+) -> list[Path]:
+    base = importer.parent
+    for _ in range(level - 1):
+        base = base.parent
+    parts = dotted.split(".") if dotted else []
+    if not parts:  # `from . import utils, models`: submodules of the package
+        found = [base / "__init__.py"] if (base / "__init__.py").is_file() else []
+        found += [p for name in names for p in _module_files(base, [name], ())]
+        return [path for path in found if _within(path, boundary)]
+    return [path for path in _module_files(base, parts, names) if _within(path, boundary)]
+
+
+def _module_files(root: Path, parts: Sequence[str], names: Sequence[str]) -> list[Path]:
+    """The files `import a.b` executes below `root` (a/__init__.py, a/b.py or
+    a/b/__init__.py), plus `from a.b import c` where `c` is a submodule."""
+    found: list[Path] = []
+    directory = root
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        package = directory / part
+        if (package / "__init__.py").is_file():
+            found.append(package / "__init__.py")
+            directory = package
+            if last:
+                found += [
+                    package / f"{name}.py" for name in names if (package / f"{name}.py").is_file()
+                ]
+                found += [
+                    package / name / "__init__.py"
+                    for name in names
+                    if (package / name / "__init__.py").is_file()
+                ]
+            continue
+        if last and (directory / f"{part}.py").is_file():
+            found.append(directory / f"{part}.py")
+            return [path.resolve() for path in found]
+        if package.is_dir() and not last:  # a namespace package (no __init__.py)
+            directory = package
+            continue
+        return []
+    return [path.resolve() for path in found]
+
+
+def _within(path: Path, boundary: Path) -> bool:
+    if "site-packages" in path.parts or "dist-packages" in path.parts:
+        return False
+    try:
+        path.resolve().relative_to(boundary)
+    except ValueError:
+        return False
+    return True
+
+
+def _common_root(paths: Sequence[Path]) -> Path:
+    """The directory the project may not leave: the entries' common directory, widened
+    to the nearest enclosing repository or package root within MAX_ROOT_ASCENT levels."""
+    common = Path(*_common_parts([p.parent.parts for p in paths])) if paths else Path.cwd()
+    top = common
+    for _ in range(MAX_ROOT_ASCENT):
+        if top.parent == top:
+            break
+        if any((top.parent / marker).exists() for marker in (".git", "pyproject.toml", "setup.py")):
+            return top.parent
+        top = top.parent
+    return common
+
+
+def _common_parts(all_parts: list[tuple[str, ...]]) -> tuple[str, ...]:
+    first = all_parts[0]
+    length = len(first)
+    for parts in all_parts[1:]:
+        length = min(length, len(parts))
+        for index in range(length):
+            if parts[index] != first[index]:
+                length = index
+                break
+    return first[:length]
+
+
+# -- one question over several modules ------------------------------------------------------
+
+
+class ProjectView:
+    """The questions `Tree` answers, over every module of a project at once.
+
+    Nodes keep to their module: `statement`, `function`, `parent`, `code` and `qualify`
+    use the tree the node belongs to. The roles analysis searches through the view and
+    returns what lies in the module it was asked about.
+    """
+
+    def __init__(self, trees: Sequence[Tree]) -> None:
+        self.trees = list(trees)
+        self._owner: dict[int, Tree] = {}
+        self.parent = _Parents(self)
+
+    @property
+    def view(self) -> ProjectView:
+        return self
+
+    def owns(self, node: cst.CSTNode) -> bool:
+        return self.owner(node) is not None
+
+    def owner(self, node: cst.CSTNode) -> Tree | None:
+        found = self._owner.get(id(node))
+        if found is not None:
+            return found
+        for tree in self.trees:
+            if node in tree.order:
+                self._owner[id(node)] = tree
+                return tree
+        return None
+
+    def find(self, kind: type, where: Callable[[cst.CSTNode], bool] | None = None) -> list:
+        return [node for tree in self.trees for node in tree.find(kind, where)]
+
+    def calls_to(self, *names: str) -> list[cst.Call]:
+        return [call for tree in self.trees for call in tree.calls_to(*names)]
+
+    def functions(self) -> dict[str, cst.FunctionDef]:
+        found: dict[str, cst.FunctionDef] = {}
+        for tree in self.trees:
+            for name, func in tree.functions().items():
+                found.setdefault(name, func)
+        return found
+
+    def _on_owner(self, node: cst.CSTNode, method: str, *args, default=None):
+        tree = self.owner(node)
+        return getattr(tree, method)(node, *args) if tree is not None else default
+
+    def statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
+        return self._on_owner(node, "statement")
+
+    def function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        return self._on_owner(node, "function")
+
+    def scope(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self._on_owner(node, "scope")
+
+    def inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        return bool(self._on_owner(node, "inside", container, default=False))
+
+    def within(self, container: cst.CSTNode, kind: type = cst.CSTNode) -> Iterator:
+        tree = self.owner(container)
+        return tree.within(container, kind) if tree is not None else iter(())
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self._on_owner(node, "code", default="")
+
+    def qualify(self, expr: cst.BaseExpression) -> str | None:
+        return self._on_owner(expr, "qualify")
+
+
+class _Parents:
+    """`view.parent.get(node)`, as on a Tree."""
+
+    def __init__(self, view: ProjectView) -> None:
+        self.view = view
+
+    def get(self, node, default=None):
+        tree = self.view.owner(node)
+        return tree.parent.get(node, default) if tree is not None else default
+
+    def __getitem__(self, node):
+        tree = self.view.owner(node)
+        if tree is None:
+            raise KeyError(node)
+        return tree.parent[node]
+
+    def __contains__(self, node) -> bool:
+        tree = self.view.owner(node)
+        return tree is not None and node in tree.parent

@@ -1,0 +1,107 @@
+"""Migrating a project: the entry script and the local modules it imports, together.
+
+The entry script gets the torchrun entry point; the modules where the model is built,
+the loaders are made and the loop runs get their edits where those things live. One
+report lists the changes per file; the files are written all together or not at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ddpify.analysis.project import Project
+from ddpify.engine import mentions_torch
+from ddpify.files import SourceFile
+from ddpify.migrate.analyze import Options
+from ddpify.migrate.pipeline import migrate_sources
+from ddpify.migrate.report import MigrationResult
+
+
+@dataclass
+class ProjectMigration:
+    project: Project
+    # One result per migrated module, the entry first; paths as the user gave the entry.
+    results: list[MigrationResult]
+    sources: dict[str, SourceFile]
+
+    @property
+    def entry(self) -> MigrationResult:
+        return self.results[0]
+
+    @property
+    def migrated(self) -> bool:
+        return self.entry.migrated
+
+    @property
+    def changed(self) -> bool:
+        return any(result.changed for result in self.results)
+
+    @property
+    def changed_results(self) -> list[MigrationResult]:
+        return [result for result in self.results if result.changed]
+
+    def summary(self) -> MigrationResult:
+        """The numbers that describe the whole run (batch policy, LR, AMP), for verify."""
+        entry = self.entry
+        for result in self.results:
+            if result.lr_scaling != "none":
+                entry.lr_scaling, entry.lr_rule = result.lr_scaling, result.lr_rule
+            entry.hand_made = entry.hand_made or result.hand_made
+            if result.amp != entry.amp and result.amp not in ("off", "unchanged"):
+                entry.amp = result.amp
+        return entry
+
+    def render(self, stream: TextIO, script: str | None = None) -> None:
+        write = stream.write
+        entry = self.summary()
+        if not self.migrated:
+            entry.render(stream, script)
+            return
+        others = [r for r in self.results[1:] if r.changed]
+        files = len(self.changed_results)
+        write(
+            f"{entry.filename}: project of {len(self.project.modules)} local modules; "
+            f"{files} file{'s' if files != 1 else ''} to change\n"
+        )
+        entry.render(stream, script)
+        for result in others:
+            write(f"\n{result.filename}: imported by {entry.filename}\n")
+            result.render_changes(stream)
+        for path, what, why in self.project.problems:
+            write(f"\nnot followed: `{what}` in {self.project.relative(path)}: {why}\n")
+        if self.project.truncated:
+            write("\nnot followed: more local modules than ddpify reads in one project\n")
+
+
+def load_project(entry: str | Path) -> Project:
+    """The entry and the local modules it imports (SourceError if the entry is unreadable)."""
+    return Project.discover([entry])
+
+
+def migrate_project(
+    project: Project, entry_name: str, options: Options | None = None
+) -> ProjectMigration:
+    """Migrate every module of `project` that uses torch (GateError names the module that
+    fails a gate; nothing is written here)."""
+    entry_path = project.entries[0]
+    names: dict[str, Path] = {}
+    sources: dict[str, SourceFile] = {}
+    for path, module in project.modules.items():
+        if path != entry_path and not mentions_torch(module.text):
+            continue
+        name = entry_name if path == entry_path else _shown(path, entry_path, entry_name)
+        names[name] = path
+        sources[name] = module.source
+    results = migrate_sources({name: s.text for name, s in sources.items()}, options)
+    return ProjectMigration(project, results, sources)
+
+
+def _shown(path: Path, entry_path: Path, entry_name: str) -> str:
+    """A module's path as the user would type it: beside the entry as they named it."""
+    base = Path(entry_name).parent
+    try:
+        return str(base / path.relative_to(entry_path.parent))
+    except ValueError:
+        return str(path)
