@@ -46,15 +46,28 @@ def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
+PROJECTS_DIR = FIXTURES / "projects"
+PROJECTS = sorted(p.name for p in PROJECTS_DIR.iterdir() if (p / "after" / "train.py").is_file())
+
+
 def _cases() -> list[str]:
-    return [str(CASES_DIR / case) for case in CASES]
+    """The migrate cases, then the multi-file projects (their after/train.py)."""
+    return [str(CASES_DIR / case) for case in CASES] + [
+        str(PROJECTS_DIR / project) for project in PROJECTS
+    ]
+
+
+def _after_text(case: str) -> str:
+    if case in PROJECTS:
+        return "".join(p.read_text() for p in (PROJECTS_DIR / case / "after").rglob("*.py"))
+    return (CASES_DIR / case / "after.py").read_text()
 
 
 @pytest.mark.torchrun
 def test_every_case_runs_as_one_process(tmp_path):
     done = _run([sys.executable, str(RUNNER), str(tmp_path), *_cases()], tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
-    for case in CASES:
+    for case in CASES + PROJECTS:
         assert f"ddpify-case {case} rank - ok" in done.stdout
 
 
@@ -63,8 +76,8 @@ def test_every_case_runs_under_torchrun_with_two_ranks_in_bf16(tmp_path):
     """As on GPUs, where users run torchrun with AMP: autocast on, in bf16 (on the CPU)."""
     done = _run([*TORCHRUN, str(RUNNER), "--amp-bf16", str(tmp_path), *_cases()], tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
-    for case in CASES:
-        uses_amp = "torch.autocast(" in (CASES_DIR / case / "after.py").read_text()
+    for case in CASES + PROJECTS:
+        uses_amp = "torch.autocast(" in _after_text(case)
         for rank in (0, 1):
             assert f"ddpify-case {case} rank {rank} ok" in done.stdout
             ops = re.search(rf"ddpify-amp {case} rank {rank} bf16 ops (\d+)", done.stdout)

@@ -359,6 +359,13 @@ def hand_made_batches(tree: Tree) -> list[BatchAssignment]:
     return [batch for loop in unresolved for batch in batch_assignments(loop, models)]
 
 
+def project_has_hand_made_batches(tree: Tree) -> bool:
+    """Whether any module of the project shards hand-made batches (the global batch then
+    stays the original's, and so does the learning rate, in every module)."""
+    trees = getattr(tree.view, "trees", [tree])
+    return any(hand_made_batches(t) for t in trees)
+
+
 def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
     """What the callers pass for `name` when it is a parameter of the loop's function,
     or (`self.loader`) an attribute the class stores a constructor parameter in."""

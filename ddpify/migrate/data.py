@@ -13,6 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import project_has_hand_made_batches
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
@@ -62,7 +63,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
-        hand_made = _shard_hand_made(tree, plan, edits)
+        hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
         if hand_made and not loaders:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:

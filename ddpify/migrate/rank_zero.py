@@ -49,9 +49,9 @@ def _rank_name(tree: Tree, plan: Plan, edits: Edits) -> str:
             if isinstance(target, cst.Name) and rank_scope(target) is Scope.GLOBAL:
                 if rank_scope(assign.value) is Scope.GLOBAL or target.value == "RANK":
                     return target.value
-    if not plan.shape.converts:
+    if not plan.shape.converts and plan.entry:
         _add_rank_constant(tree, plan, edits)
-    return "RANK"
+    return "RANK"  # a project's other modules get it from the imports pass when they use it
 
 
 def _add_rank_constant(tree: Tree, plan: Plan, edits: Edits) -> None:

@@ -96,6 +96,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
         # A class handed the wrapped model (`Trainer(model)`) holds the wrapper too.
         wrapped += [pair for pair in stored_models(tree) if pair[0] not in dict(wrapped)]
     _through_module(tree, plan, edits, wrapped)
+    if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
+        _received_from_other_modules(tree, plan, edits)
     return edits
 
 
@@ -377,6 +379,29 @@ def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None
                     "prefix; strip the prefix when loading old checkpoints",
                     f".module.{attr.attr.value}",
                 )
+
+
+def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """A helper module's functions handed the wrapped model (`save(model, path)` called
+    from the entry script) reach its attributes through `.module` too."""
+    helpers = propagate(tree, model_names(tree))
+    for attr in tree.find(cst.Attribute):
+        receiver = dotted(attr.value)
+        func = tree.function(attr)
+        if receiver not in helpers or func is None or attr.attr.value in MODULE_API:
+            continue
+        if receiver not in [p.name.value for p in func.params.params]:
+            continue
+        if _is_call_target_of_wrapper(tree, attr):
+            continue
+        edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
+        code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
+        plan.change(
+            NAME,
+            f"{receiver}.{attr.attr.value} -> {receiver}.module.{attr.attr.value}",
+            f".module.{attr.attr.value}",
+            code,
+        )
 
 
 def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:

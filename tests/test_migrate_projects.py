@@ -1,0 +1,185 @@
+"""Projects, not files: fixtures/projects/<case>/before/ is a training project of our own
+(an entry script `train.py` and the local modules it imports), after/ what `ddpify migrate
+train.py` makes of it. `DDPIFY_UPDATE_FIXTURES=1` rewrites after/ (read the diff).
+
+The converted projects also run as one process and under torchrun with the migrate cases
+(tests/test_migrate_run.py) and are verified here against their originals.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpify.cli import main as ddpify_main
+from ddpify.gates import GateError
+from ddpify.migrate import pipeline
+from ddpify.migrate.project import load_project, migrate_project
+from tests.helpers import FIXTURES
+
+PROJECTS = FIXTURES / "projects"
+CASES = sorted(p.name for p in PROJECTS.iterdir() if (p / "before" / "train.py").is_file())
+UPDATE = os.environ.get("DDPIFY_UPDATE_FIXTURES") == "1"
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): p.read_text(encoding="utf-8")
+        for p in sorted(root.rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
+
+
+def _migrated(case: str, tmp_path: Path) -> tuple[Path, object]:
+    work = tmp_path / case
+    shutil.copytree(PROJECTS / case / "before", work)
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    return work, migration
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_project_migrates_to_the_expected_files(case, tmp_path):
+    work, migration = _migrated(case, tmp_path)
+    assert migration.migrated, migration.entry.reason
+    assert len(migration.project.modules) > 1
+    expected = dict(_files(work))
+    for result in migration.results:
+        expected[result.filename] = result.output
+    after = PROJECTS / case / "after"
+    if UPDATE:
+        shutil.rmtree(after, ignore_errors=True)
+        for name, text in expected.items():
+            (after / name).parent.mkdir(parents=True, exist_ok=True)
+            (after / name).write_text(text, encoding="utf-8")
+    assert _files(after) == expected
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_migrating_a_migrated_project_changes_nothing(case, tmp_path):
+    work = tmp_path / case
+    shutil.copytree(PROJECTS / case / "after", work)
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert migration.migrated
+    assert not migration.changed, [r.filename for r in migration.changed_results]
+
+
+def test_the_report_lists_the_changes_of_every_file(tmp_path, capsys):
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "trainer_module" / "before", work)
+    os.chdir(work)
+    assert ddpify_main(["migrate", "train.py"]) == 0
+    out = capsys.readouterr().out
+    assert "train.py: project of 2 local modules; 2 files to change" in out
+    assert "trainer.py: imported by train.py" in out
+    assert "self.model.state_dict -> self.model.module.state_dict" in out
+    assert (work / "trainer.py").read_text() == (
+        PROJECTS / "trainer_module" / "after" / "trainer.py"
+    ).read_text()
+
+
+def test_diff_shows_every_changed_file_and_writes_nothing(tmp_path, capsys):
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "data_module" / "before", work)
+    before = _files(work)
+    os.chdir(work)
+    assert ddpify_main(["migrate", "train.py", "--diff"]) == 0
+    out = capsys.readouterr().out
+    assert "+++ b/train.py" in out and "+++ b/data.py" in out
+    assert _files(work) == before
+
+
+def test_a_directory_migrates_its_one_entry_script(tmp_path, capsys):
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "package_relative" / "before", work)
+    assert ddpify_main(["migrate", str(work), "--check"]) == 1
+    assert "project of 5 local modules" in capsys.readouterr().out
+
+
+def test_a_pass_failure_in_one_file_writes_no_file(tmp_path, monkeypatch, capsys):
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "data_module" / "before", work)
+    before = _files(work)
+    real = pipeline.PASSES
+
+    def broken_in_data_py(tree, plan):
+        if "get_loaders" in tree.functions():
+            raise RuntimeError("planted bug")
+        return real[-1][1](tree, plan)
+
+    monkeypatch.setattr(pipeline, "PASSES", [*real[:-1], ("imports", broken_in_data_py)])
+    os.chdir(work)
+    assert ddpify_main(["migrate", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "data.py: RuntimeError: planted bug" in err and "nothing was written" in err
+    assert _files(work) == before
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs file permissions")
+def test_a_file_that_cannot_be_written_leaves_every_file_untouched(tmp_path, capsys):
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "data_module" / "before", work)
+    (work / "train.py").chmod(stat.S_IRUSR)  # written last? no: checked before any write
+    before = _files(work)
+    os.chdir(work)
+    assert ddpify_main(["migrate", "train.py"]) == 2
+    assert "read-only" in capsys.readouterr().err
+    assert _files(work) == before
+
+
+def test_output_elsewhere_is_refused_for_a_project(tmp_path, capsys):
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "trainer_module" / "before", work)
+    os.chdir(work)
+    assert ddpify_main(["migrate", "train.py", "-o", "out.py"]) == 2
+    assert "-o/--output takes a single script" in capsys.readouterr().err
+    assert not (work / "out.py").exists()
+
+
+def test_a_gate_failure_names_the_file():
+    texts = {"train.py": "import torch\n", "helper.py": "import torch\nx = (\n"}
+    with pytest.raises(GateError) as caught:
+        pipeline.migrate_sources(texts)
+    assert caught.value.reason.startswith("helper.py: ")
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("case", CASES)
+def test_migrated_project_verifies(case, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from ddpify.verify import run_verify
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    work, migration = _migrated(case, tmp_path)
+    summary = migration.summary()
+    result = run_verify(
+        PROJECTS / case / "before" / "train.py",
+        PROJECTS / case / "after" / "train.py",
+        batch_policy="global" if summary.hand_made else summary.batch_policy,
+        lr_scale=summary.lr_scale_for(2),
+        fixed_codes=sorted({c for r in migration.results for c in r.fixed_codes}),
+        cwd=work,
+    )
+    assert result.exit_code == 0, result.message
+
+
+def test_the_readme_command_runs_a_project_end_to_end(tmp_path):
+    """The literal command, in a subprocess, on a package with relative imports."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "package_relative" / "before", work)
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpify", "migrate", "train.py"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (work / "minigpt" / "engine.py").read_text() == (
+        PROJECTS / "package_relative" / "after" / "minigpt" / "engine.py"
+    ).read_text()
