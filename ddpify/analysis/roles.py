@@ -28,6 +28,16 @@ ITERABLE_DATASET = "torch.utils.data.IterableDataset"
 ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
 
 
+def _cached(view, key, compute):
+    """Facts about a whole view (one tree, or a project's modules) asked by every pass and
+    for every module: computed once per view; trees are never edited in place, so a view
+    is a snapshot."""
+    cache = view.__dict__.setdefault("_roles_cache", {})
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
 def local_rank_arguments(tree: Tree) -> list[cst.Call]:
     """`parser.add_argument("--local_rank", ...)`: the torch.distributed.launch contract."""
     found = []
@@ -86,6 +96,10 @@ def bound_target(tree: Tree, call: cst.Call) -> str | None:
 
 
 def model_names(tree: Tree) -> set[str]:
+    return set(_cached(tree.view, "model_names", lambda: frozenset(_model_names(tree))))
+
+
+def _model_names(tree: Tree) -> set[str]:
     """Names that hold the model: `X` in `optim.SGD(X.parameters())`, DDP/DP targets,
     and the parameters of the script's functions that receive one of them (in any module
     of the project)."""
@@ -104,6 +118,11 @@ def optimizer_names(tree: Tree) -> set[str]:
 
 
 def propagate(tree: Tree, names: set[str]) -> set[str]:
+    key = ("propagate", frozenset(names))
+    return set(_cached(tree.view, key, lambda: frozenset(_propagate(tree, names))))
+
+
+def _propagate(tree: Tree, names: set[str]) -> set[str]:
     """Parameters of the script's own functions that receive one of `names`; for a
     class constructed with one (`Trainer(model, ...)`), its `__init__` parameters and
     the `self.` attributes they are stored in."""
@@ -175,6 +194,10 @@ def training_loops(tree: Tree) -> list[cst.For]:
 
 
 def _training_loops(view) -> list[cst.For]:
+    return _cached(view, "training_loops", lambda: _find_training_loops(view))
+
+
+def _find_training_loops(view) -> list[cst.For]:
     loops: list[cst.For] = []
     pending = [(call, 0) for call in _backward_calls(view)]
     while pending:
@@ -232,8 +255,9 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
     """The DataLoaders the training loops iterate (built in any module of the project:
     `Loader.call` may lie in another module than `tree`'s), and the training loops of this
     module that iterate something that is not a DataLoader."""
-    loaders, unresolved = _train_loaders(tree.view)
-    return loaders, [loop for loop in unresolved if tree.owns(loop)]
+    view = tree.view
+    loaders, unresolved = _cached(view, "train_loaders", lambda: _train_loaders(view))
+    return list(loaders), [loop for loop in unresolved if tree.owns(loop)]
 
 
 def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
