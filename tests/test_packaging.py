@@ -13,6 +13,8 @@ import pytest
 from ddpify.rules import ALL_RULES
 
 ROOT = Path(__file__).resolve().parent.parent
+# One worker runs them all, so the wheel is built once, not per worker.
+pytestmark = pytest.mark.xdist_group("packaging")
 
 
 @pytest.fixture(scope="module")

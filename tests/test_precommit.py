@@ -20,6 +20,8 @@ import pytest
 from ddpify.rules import RULES_BY_CODE
 
 pytest.importorskip("pre_commit", reason="pre-commit is not installed (the `dev` extra)")
+# One worker runs them all, so the hook environment in `hooks` is built once, not per worker.
+pytestmark = pytest.mark.xdist_group("precommit")
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT = [

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ddpify.verify import run_verify
+from ddpify.verify.batch import VerifyJob, run_verify_many
 from ddpify.verify.markers import read_markers
 from tests.helpers import FIXTURES, ROOT
 
@@ -29,7 +30,9 @@ MLP = VERIFY / "mlp"
 BROKEN = VERIFY / "broken"
 GPU = torch.cuda.is_available()
 
+# The tests that read the batch run on one worker: the batch runs once per module and worker.
 pytestmark = pytest.mark.torchrun
+in_batch = pytest.mark.xdist_group("verify_runs_batch")
 
 # (converted script, first step that goes wrong, first parameter that goes wrong, finding kind)
 PLANTED_BUGS = [
@@ -41,11 +44,61 @@ PLANTED_BUGS = [
 ]
 
 
-def verify(converted: Path, tmp_path: Path, original: Path = MLP / "original.py", **options):
+def marked_options(converted: Path, options: dict) -> dict:
+    """run_verify's options, with the policy and LR scale the converted script's markers say."""
     markers = read_markers(converted.read_text())
     options.setdefault("batch_policy", markers.batch_policy or "auto")
     options.setdefault("lr_scale", markers.lr_scale(options.get("nproc", 2)))
-    return run_verify(original, converted, cwd=tmp_path, **options)
+    return options
+
+
+def verify(converted: Path, tmp_path: Path, original: Path = MLP / "original.py", **options):
+    return run_verify(original, converted, cwd=tmp_path, **marked_options(converted, options))
+
+
+# (original, converted, options) of the pairs whose tests read only the verdict. They run in
+# one batch per device (ddpify/verify/batch.py: one torchrun launch for every conversion, one
+# process for every original) instead of four torch start-ups each; the tests about the runs
+# themselves (a crash, a hang, Ctrl-C, the environment, the CLI) launch as `ddpify verify` does.
+def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
+    pairs = {
+        "crash": (MLP / "original.py", BROKEN / "crash_converted.py", {}),
+        "hang": (MLP / "original.py", BROKEN / "hang_converted.py", {"timeout": 5}),
+        "mlp": (MLP / "original.py", MLP / "converted.py", {}),
+    }
+    for name, *_ in PLANTED_BUGS:
+        pairs[name] = (MLP / "original.py", MLP / name, {})
+    for case, _ in OWN_FIXTURES:
+        pairs[case] = (VERIFY / case / "original.py", VERIFY / case / "converted.py", {})
+    for case, name, _ in OWN_PLANTED_BUGS:
+        pairs[f"{case}/{name}"] = (VERIFY / case / "original.py", VERIFY / case / name, {})
+    global_policy = {"batch_policy": "global", "lr_scale": None}  # the markers say per-rank
+    pairs["global policy"] = (MLP / "original.py", MLP / "converted.py", global_policy)
+    no_epochs = {"script_args": ["--epochs", "0"]}
+    pairs["no epochs"] = (MLP / "original.py", MLP / "converted.py", no_epochs)
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def batched(tmp_path_factory):
+    """device -> {pair name: its VerifyResult}, every pair run once per device and module."""
+    runs: dict[str, dict] = {}
+
+    def results(device: str) -> dict:
+        if device not in runs:
+            names, jobs = [], []
+            for name, (original, converted, options) in batched_pairs().items():
+                cwd = tmp_path_factory.mktemp(f"{device}-{name.replace('/', '-')}")
+                options = marked_options(converted, {**options, "cwd": cwd})
+                names.append(name)
+                jobs.append(VerifyJob(original, converted, options))
+            with pytest.MonkeyPatch.context() as patch:
+                if device == "cpu":
+                    patch.setenv("CUDA_VISIBLE_DEVICES", "")
+                runs[device] = dict(zip(names, run_verify_many(jobs)))
+        return runs[device]
+
+    return results
 
 
 def cpu_and_gpu(test):
@@ -74,8 +127,9 @@ def known_gpu_gap(device: str, result, case: str = "mlp") -> None:
         pytest.xfail("bf16 autocast against the fp32 original drifts past the AMP check by step 2")
 
 
+@in_batch
 @cpu_and_gpu
-def test_correct_conversion_matches(device_env, tmp_path):
+def test_correct_conversion_matches(device_env, tmp_path, batched):
     result = verify(MLP / "converted.py", tmp_path)
     known_gpu_gap(device_env, result)
     assert (result.exit_code, result.verdict) == (0, "match"), result.message
@@ -84,13 +138,18 @@ def test_correct_conversion_matches(device_env, tmp_path):
     assert all(row.ok for row in result.steps)
     assert any("multiplied by 2" in note for note in result.notes)  # linear LR scaling
     assert not (tmp_path / "mlp.pt").exists()  # stopped after 3 steps, before the save
+    # The batch the other tests read judges this pair as `ddpify verify` does, number for number.
+    batch = batched(device_env)["mlp"]
+    assert (batch.exit_code, batch.message, batch.notes) == (0, result.message, result.notes)
+    assert (batch.steps, batch.settings) == (result.steps, result.settings)
 
 
+@in_batch
 @pytest.mark.parametrize("converted", [name for name, *_ in PLANTED_BUGS])
 @cpu_and_gpu
-def test_planted_bug_fails_at_its_step_and_parameter(converted, device_env, tmp_path):
+def test_planted_bug_fails_at_its_step_and_parameter(converted, device_env, batched):
     _, step, parameter, kind = next(bug for bug in PLANTED_BUGS if bug[0] == converted)
-    result = verify(MLP / converted, tmp_path)
+    result = batched(device_env)[converted]
     known_gpu_gap(device_env, result)
     assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
     first = result.first_mismatch
@@ -109,10 +168,11 @@ OWN_FIXTURES = [
 ]
 
 
+@in_batch
 @pytest.mark.parametrize(("case", "note"), OWN_FIXTURES)
 @cpu_and_gpu
-def test_own_fixture_conversion_verifies(case, note, device_env, tmp_path):
-    result = verify(VERIFY / case / "converted.py", tmp_path, VERIFY / case / "original.py")
+def test_own_fixture_conversion_verifies(case, note, device_env, batched):
+    result = batched(device_env)[case]
     known_gpu_gap(device_env, result, case)
     assert (result.exit_code, result.verdict) == (0, "match"), result.message
     if device_env == "cpu" or case != "cnn_bn":
@@ -129,10 +189,11 @@ OWN_PLANTED_BUGS = [
 ]
 
 
+@in_batch
 @pytest.mark.parametrize(("case", "converted", "says"), OWN_PLANTED_BUGS)
 @cpu_and_gpu
-def test_own_planted_bug_fails(case, converted, says, device_env, tmp_path):
-    result = verify(VERIFY / case / converted, tmp_path, VERIFY / case / "original.py")
+def test_own_planted_bug_fails(case, converted, says, device_env, batched):
+    result = batched(device_env)[f"{case}/{converted}"]
     assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
     assert says in result.message
 
@@ -207,11 +268,22 @@ def test_crash_exits_2_with_the_scripts_output(tmp_path, monkeypatch):
     assert "UnboundLocalError" in result.converted_output
 
 
-def test_no_optimizer_step_exits_2(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    result = verify(MLP / "converted.py", tmp_path, script_args=["--epochs", "0"])
+@in_batch
+def test_no_optimizer_step_exits_2(batched):
+    result = batched("cpu")["no epochs"]
     assert result.exit_code == 2
     assert "without an optimizer step" in result.message
+
+
+@in_batch
+def test_a_batch_goes_on_after_a_crash_and_a_hang(batched):
+    """In a batch, a pair that crashes or hangs fails alone: the pairs after it still run."""
+    crash, hang = batched("cpu")["crash"], batched("cpu")["hang"]
+    assert (crash.exit_code, crash.verdict, crash.failed_run) == (2, "error", "converted")
+    assert "UnboundLocalError" in crash.converted_output
+    assert (hang.exit_code, hang.failed_run) == (2, "converted")
+    assert "timed out after 5 s" in hang.message
+    assert batched("cpu")["mlp"].verdict == "match"
 
 
 def probe_processes(script: Path) -> list[int]:
@@ -260,12 +332,10 @@ def test_ctrl_c_leaves_no_process(tmp_path):
     assert probe_processes(hang) == []
 
 
-def test_lr_scaling_is_a_mismatch_under_the_global_policy(tmp_path, monkeypatch):
+@in_batch
+def test_lr_scaling_is_a_mismatch_under_the_global_policy(batched):
     """The per-rank conversion scales the LR by N and keeps the batch: wrong for `global`."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    result = run_verify(
-        MLP / "original.py", MLP / "converted.py", batch_policy="global", cwd=tmp_path
-    )
+    result = batched("cpu")["global policy"]
     assert result.exit_code == 1
     assert {f.what for f in result.findings} >= {"batch size", "learning rate"}
 

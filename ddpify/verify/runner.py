@@ -59,19 +59,9 @@ def run_verify(
     fixes applied (see original_fixes.py).
     """
     original, converted = Path(original), Path(converted)
-    if batch_policy not in BATCH_POLICIES:
-        raise ValueError(f"batch_policy must be one of {BATCH_POLICIES}, not {batch_policy!r}")
-    settings = {
-        "original": str(original),
-        "converted": str(converted),
-        "nproc": nproc,
-        "steps": steps,
-        "batch_policy": batch_policy,
-        "lr_scale": lr_scale,
-        "script_args": list(script_args),
-        "timeout": timeout,
-    }
-    result = VerifyResult(EXIT_COULD_NOT_RUN, "error", "", settings=settings)
+    result = new_result(
+        original, converted, nproc, steps, script_args, batch_policy, lr_scale, timeout
+    )
     problem = preflight(original, converted, converted_source, nproc, steps)
     if problem:
         result.message = problem
@@ -90,11 +80,26 @@ def run_verify(
             result.failed_run = exc.role
             return result
         torch_import.join()
-        orig = session.load("original", 1)[0]
-        conv = session.load("converted", nproc)
-    comparison = compare_runs(orig, conv, nproc, batch_policy, rtol, atol)
-    settings["tolerance"] = {"rtol": comparison.tolerance[0], "atol": comparison.tolerance[1]}
-    return conclude(result, comparison, steps)
+        return session.judge(nproc, steps, batch_policy, rtol, atol)
+
+
+def new_result(
+    original, converted, nproc, steps, script_args, batch_policy, lr_scale, timeout
+) -> VerifyResult:
+    """The result before anything ran: an error until the runs say otherwise."""
+    if batch_policy not in BATCH_POLICIES:
+        raise ValueError(f"batch_policy must be one of {BATCH_POLICIES}, not {batch_policy!r}")
+    settings = {
+        "original": str(original),
+        "converted": str(converted),
+        "nproc": nproc,
+        "steps": steps,
+        "batch_policy": batch_policy,
+        "lr_scale": lr_scale,
+        "script_args": list(script_args),
+        "timeout": timeout,
+    }
+    return VerifyResult(EXIT_COULD_NOT_RUN, "error", "", settings=settings)
 
 
 def preflight(original, converted, converted_source, nproc, steps) -> str | None:
@@ -154,6 +159,11 @@ class Session:
 
     def run_converted(self, converted, source, nproc, steps) -> list[dict]:
         """Run the converted script; returns the ranks' summaries (see probe.Probe.summary)."""
+        script, config = self.converted_run(converted, source, nproc, steps)
+        return self.converted_records(self.launch("converted", script, config, nproc), nproc)
+
+    def converted_run(self, converted, source, nproc, steps) -> tuple[Path, dict]:
+        """The script and probe settings of the converted run (batch.py launches many)."""
         self.choose_device(nproc)
         script = converted
         if source is not None:
@@ -165,13 +175,20 @@ class Session:
             "nproc": nproc,
             "display_path": str(converted.resolve()),
         }
-        outcome = self.launch("converted", script, config, nproc)
+        return script, config
+
+    def converted_records(self, outcome: RunOutcome, nproc: int) -> list[dict]:
         self.result.converted_output = outcome.output
-        return self.records("converted", outcome, nproc, steps)
+        return self.records("converted", outcome, nproc, self.result.settings["steps"])
 
     def run_original(
         self, original, converted0, nproc, steps, batch_policy, lr_scale, script=None
     ) -> None:
+        config = self.original_config(original, converted0, nproc, steps, batch_policy, lr_scale)
+        self.original_records(self.launch("original", script or original, config, None))
+
+    def original_config(self, original, converted0, nproc, steps, batch_policy, lr_scale) -> dict:
+        """The original run's probe settings, which depend on the converted run's rank 0."""
         per_rank_scales = [1.0, float(nproc), math.sqrt(nproc)]
         config = {
             "role": "original",
@@ -184,24 +201,35 @@ class Session:
             "converted_lrs": converted0["first_lrs"],
             "display_path": str(original.resolve()),
         }
-        outcome = self.launch("original", script or original, config, None)
+        return config
+
+    def original_records(self, outcome: RunOutcome) -> None:
         self.result.original_output = outcome.output
-        self.records("original", outcome, 1, steps)
+        self.records("original", outcome, 1, self.result.settings["steps"])
 
     def launch(self, role: str, script: Path, config: dict, nproc: int | None) -> RunOutcome:
-        out_dir = self.work / role
-        out_dir.mkdir()
-        config = {**config, "out_dir": str(out_dir)}
-        config_path = self.work / f"{role}.json"
-        config_path.write_text(json.dumps(config), encoding="utf-8")
+        config_path = self.write_config(role, config)
         outcome = launch(
             probe_command(script.resolve(), self.script_args, nproc),
             probe_environment(config_path, self.extra_env),
             self.cwd,
             self.work / f"{role}.log",
-            out_dir / "pids",
+            self.work / role / "pids",
             self.timeout,
         )
+        return self.settle(role, outcome)
+
+    def write_config(self, role: str, config: dict) -> Path:
+        """The probe's settings file for `role`, beside the directory its records go to."""
+        out_dir = self.work / role
+        out_dir.mkdir()
+        config = {**config, "out_dir": str(out_dir)}
+        config_path = self.work / f"{role}.json"
+        config_path.write_text(json.dumps(config), encoding="utf-8")
+        return config_path
+
+    def settle(self, role: str, outcome: RunOutcome) -> RunOutcome:
+        """Record how long the run took; a run that timed out could not run."""
         self.result.seconds[role] = round(outcome.seconds, 2)
         if outcome.timed_out:
             raise CouldNotRun(
@@ -210,6 +238,15 @@ class Session:
                 role,
             )
         return outcome
+
+    def judge(self, nproc, steps, batch_policy, rtol, atol) -> VerifyResult:
+        """Compare the two runs' records and conclude (both runs are done)."""
+        orig = self.load("original", 1)[0]
+        conv = self.load("converted", nproc)
+        comparison = compare_runs(orig, conv, nproc, batch_policy, rtol, atol)
+        tolerance = {"rtol": comparison.tolerance[0], "atol": comparison.tolerance[1]}
+        self.result.settings["tolerance"] = tolerance
+        return conclude(self.result, comparison, steps)
 
     def load(self, role: str, nproc: int) -> list[dict]:
         import torch
