@@ -76,6 +76,14 @@ def test_a_star_import_may_re_export_torch_and_nn_only():
     assert qualify("import os", "nn.DataParallel") is None
 
 
+def test_torch_used_without_its_import_in_a_torch_script_is_torch():
+    # pytorch/examples' minGPT main.py called `torch.cuda.set_device` with no `import torch`
+    source = "from torch.distributed import init_process_group"
+    assert qualify(source, "torch.cuda.set_device") == "torch.cuda.set_device"
+    assert qualify("import os", "torch.cuda.set_device") is None  # not a torch script
+    assert qualify("import torch as th", "th.load") == "torch.load"
+
+
 def test_the_private_device_mesh_path_is_the_public_one():
     source = "from torch.distributed._tensor.device_mesh import init_device_mesh"
     expected = "torch.distributed.device_mesh.init_device_mesh"

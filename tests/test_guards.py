@@ -11,7 +11,14 @@ import textwrap
 import libcst as cst
 import pytest
 
-from ddpify.analysis.guards import Guard, Scope, classify, rank_scope, rank_zero_scope
+from ddpify.analysis.guards import (
+    Guard,
+    Scope,
+    classify,
+    rank_scope,
+    rank_zero_scope,
+    single_process_only,
+)
 from ddpify.walk import walk
 
 ZERO_GLOBAL = (Guard.RANK_ZERO, Scope.GLOBAL)
@@ -129,7 +136,29 @@ CLASSIFY_EDGES = [
     ("rank != 0 or not args.save", OTHERS_GLOBAL),
     # "rank" as a substring of an unrelated word
     ("ranking == 0", None),
+    # `-1` means "not distributed": a single process is rank 0 (transformers' examples)
+    ("args.local_rank == -1 or dist.get_rank() == 0", ZERO_GLOBAL),
+    ("args.local_rank != -1 and dist.get_rank() != 0", OTHERS_GLOBAL),
 ]
+
+
+@pytest.mark.parametrize(
+    ("test", "body", "orelse"),
+    [
+        ("RANK == -1", True, False),
+        ("RANK == -1 and stopper(epoch, fitness)", True, False),
+        ("args.local_rank != -1", False, True),
+        ("not dist.is_initialized()", True, False),
+        ("dist.is_initialized()", False, True),
+        ("RANK in (-1, 0)", False, False),  # rank 0 of a distributed run passes too
+        ("RANK == -1 or stop", False, False),
+        ("rank == 0", False, False),
+    ],
+)
+def test_single_process_only(test, body, orelse):
+    expr = cst.parse_expression(test)
+    assert single_process_only(expr) is body
+    assert single_process_only(expr, orelse=True) is orelse
 
 
 @pytest.mark.parametrize(("test", "expected"), CLASSIFY, ids=[c[0] for c in CLASSIFY])

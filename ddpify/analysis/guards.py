@@ -194,7 +194,24 @@ def _compare(node: cst.Comparison) -> _Facts:
             return rank_zero
         if isinstance(op, cst.NotIn):
             return others
+    if _is_minus_one(right):
+        # `rank == -1`: the convention (yolov5, transformers' examples) for "not
+        # distributed", so it holds only in a single process, and `rank != -1` only in a
+        # distributed run.
+        if isinstance(op, (cst.Equal, cst.Is)):
+            return _Facts(body=_Single.PROCESS)
+        if isinstance(op, (cst.NotEqual, cst.IsNot)):
+            return _Facts(orelse=_Single.PROCESS)
     return _NOTHING
+
+
+def _is_minus_one(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+        and expr.expression.value == "1"
+    )
 
 
 def _stronger(a: _Implied, b: _Implied) -> _Implied:
@@ -252,6 +269,13 @@ def classify(test: cst.BaseExpression) -> tuple[Guard, Scope] | None:
     if _as_scope(facts.orelse):
         return Guard.NON_ZERO, facts.orelse
     return None
+
+
+def single_process_only(test: cst.BaseExpression, *, orelse: bool = False) -> bool:
+    """Whether `if test:` runs its body (its `else` with `orelse=True`) only when the job
+    is not distributed at all: `local_rank == -1 and ...`, `not dist.is_initialized()`."""
+    facts = _facts(test)
+    return (facts.orelse if orelse else facts.body) is _Single.PROCESS
 
 
 def exits(block: cst.BaseSuite) -> bool:

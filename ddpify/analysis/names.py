@@ -104,6 +104,11 @@ class ImportMap:
             # Research code re-exports torch through `from utils import *`; only the two
             # conventional names are trusted to mean torch there.
             base = _STAR_EXPORTED.get(head)
+        if base is None and head == "torch" and self.imports_any("torch"):
+            # A torch script that uses `torch.` without `import torch` (a NameError the
+            # author has not hit yet, as pytorch/examples' minGPT main.py once did): the
+            # name can only mean torch, and the call is still what the author meant.
+            base = "torch"
         if base is None:
             return None
         full = f"{base}.{rest}" if rest else base

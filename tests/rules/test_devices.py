@@ -80,6 +80,22 @@ def test_other_scripts_are_not_distributed(source):
         ("probe(self.rank)", "unclear"),
         ("probe(rank)", "unclear"),
         ("import os\nrank = int(os.environ['RANK'])\nrank = 0\nprobe(rank)", "unclear"),
+        # The single-process branch's `rank = 0` says nothing about the distributed one.
+        (
+            "import torch.distributed as dist\nif distributed:\n    rank = dist.get_rank()\n"
+            "else:\n    rank = 0\nprobe(rank)",
+            Rank.GLOBAL.value,
+        ),
+        (
+            "import os\nif args.local_rank == -1:\n    rank = 0\n"
+            "else:\n    rank = int(os.environ['RANK'])\nprobe(rank)",
+            Rank.GLOBAL.value,
+        ),
+        (
+            "import torch.distributed as dist\ntry:\n    rank = dist.get_rank()\n"
+            "except Exception:\n    rank = 0\nprobe(rank)",
+            Rank.GLOBAL.value,
+        ),
     ],
 )
 def test_rank_origin(source, expected):

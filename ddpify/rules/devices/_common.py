@@ -11,7 +11,7 @@ import enum
 
 import libcst as cst
 
-from ddpify.analysis.guards import Scope, rank_scope
+from ddpify.analysis.guards import Scope, rank_scope, single_process_only
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap, dotted
 from ddpify.rules.base import Rule
@@ -83,18 +83,46 @@ def function_parameters(func: cst.FunctionDef | None) -> set[str]:
     return {param.name.value for param in every}
 
 
-def assignments_in(body: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
-    """Values assigned to `target` in `body`, not descending into nested functions."""
+def assignments_in(
+    body: cst.CSTNode, target: str, distributed_only: bool = False
+) -> list[cst.BaseExpression]:
+    """Values assigned to `target` in `body`, not descending into nested functions; with
+    `distributed_only`, none from a branch that runs only without a process group, and no
+    constant from an `except` fallback (`except Exception: rank = 0`)."""
     found: list[cst.BaseExpression] = []
 
     class _Collect(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.handlers = 0
+
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return node is body
+
+        def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+            self.handlers += 1
+
+        def leave_ExceptHandler(self, original_node: cst.ExceptHandler) -> None:
+            self.handlers -= 1
+
+        def _fallback(self, value: cst.BaseExpression) -> bool:
+            return distributed_only and self.handlers > 0 and _is_integer(value)
+
+        def visit_If(self, node: cst.If) -> bool:
+            if not distributed_only:
+                return True
+            if not single_process_only(node.test):
+                node.body.visit(self)
+            if node.orelse is not None and not single_process_only(node.test, orelse=True):
+                node.orelse.visit(self)
+            return False
 
         def visit_ClassDef(self, node: cst.ClassDef) -> bool:
             return False
 
         def visit_Assign(self, node: cst.Assign) -> None:
+            if self._fallback(node.value):
+                return
             for assign_target in node.targets:
                 if dotted(assign_target.target) == target:
                     found.append(node.value)
@@ -105,6 +133,12 @@ def assignments_in(body: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
 
     body.visit(_Collect())
     return found
+
+
+def _is_integer(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    return isinstance(value, cst.Integer)
 
 
 class RankResolver:
@@ -190,11 +224,14 @@ class RankResolver:
     ) -> tuple[Rank, str] | None:
         if name in function_parameters(func):
             return None
-        scope = func if func is not None else self.module
+        scope: cst.CSTNode = func if func is not None else self.module
         values = assignments_in(scope, name)
         if not values and func is not None:
-            values = assignments_in(self.module, name)
-            func = None
+            scope, func = self.module, None
+            values = assignments_in(scope, name)
+        # `else: rank = 0` under `if distributed:` says nothing about the rank the
+        # distributed branch holds: judge by the other assignments.
+        values = assignments_in(scope, name, distributed_only=True) or values
         return self._combine([self.resolve(v, func, depth + 1) for v in values])
 
     @staticmethod

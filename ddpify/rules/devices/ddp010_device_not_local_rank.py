@@ -10,6 +10,8 @@ from ddpify.rules.devices._common import (
     INIT_PROCESS_GROUP,
     SET_DEVICE,
     DistributedRule,
+    Rank,
+    RankResolver,
     string_value,
 )
 
@@ -61,6 +63,8 @@ class DeviceNotLocalRank(DistributedRule):
         self.set_device_calls: list[_Ordered] = []
         self.init_calls: list[_Ordered] = []
         self.selects_device_otherwise = False
+        # (where, as written, the global rank's origin): a GPU picked by the global rank.
+        self.global_rank_uses: list[tuple[cst.CSTNode, str, str]] = []
 
     # -- collection ------------------------------------------------------------------
 
@@ -104,10 +108,15 @@ class DeviceNotLocalRank(DistributedRule):
             self._fixed(node, self.context.code(node), index)
         elif not _is_constant(value):
             self.set_device_calls.append(_Ordered(node, self.enclosing_function(), self.order))
+            self._check_global_rank(node, value)
 
     def _record_torch_device(self, node: cst.Call) -> None:
         if not node.args or node.args[0].keyword is not None:
             return
+        if len(node.args) > 1 and string_value(node.args[0].value) == "cuda":
+            self._check_global_rank(node, node.args[1].value)  # torch.device("cuda", rank)
+        elif not isinstance(node.args[0].value, (cst.Name, cst.Attribute)):
+            self._check_global_rank(node, node.args[0].value)  # torch.device(f"cuda:{rank}")
         if isinstance(node.args[0].value, cst.IfExp):
             self._record_device_value(node.args[0].value)
             return
@@ -127,13 +136,27 @@ class DeviceNotLocalRank(DistributedRule):
         index = _int_literal(device.value)
         if index is not None:
             self._classify(node, index)
+        else:
+            self._check_global_rank(node, device.value)
 
     def _record_device_value(self, value: cst.BaseExpression) -> None:
         if isinstance(value, cst.IfExp):
             self._record_device_value(value.body)
             self._record_device_value(value.orelse)
             return
+        self._check_global_rank(value, value)
         self._classify(value, _cuda_index(string_value(value)))
+
+    def _check_global_rank(self, use: cst.CSTNode, value: cst.BaseExpression) -> None:
+        """`f"cuda:{rank}"`, `set_device(rank)`, `.to(rank)` with `rank = dist.get_rank()`:
+        right on one node only, since GPU indices restart at 0 on every node."""
+        index = _index_expression(value)
+        if index is None:
+            return
+        resolver = RankResolver(self.model, self.context.module)
+        origin = resolver.resolve(index, self.enclosing_function())
+        if origin is not None and origin[0] is Rank.GLOBAL:
+            self.global_rank_uses.append((use, self._spelling(use), origin[1]))
 
     def _classify(self, node: cst.CSTNode, index: int | None | bool) -> None:
         if index is False:
@@ -171,6 +194,19 @@ class DeviceNotLocalRank(DistributedRule):
         self._report_current_device_uses()
         self._report_late_set_device()
         self._report_nccl_without_set_device()
+        self._report_global_rank_uses()
+
+    def _report_global_rank_uses(self) -> None:
+        for use, spelling, origin in self.global_rank_uses:
+            shown = spelling if spelling == origin else f"{spelling}` (from `{origin}`)"
+            shown = shown if shown.endswith(")") else f"{shown}`"
+            self.report(
+                use,
+                f"`{shown} picks the GPU by the global rank, which runs past the GPUs of "
+                "every node but the first; use the local rank "
+                '(`int(os.environ["LOCAL_RANK"])`)',
+                severity=Severity.WARNING,
+            )
 
     def _report_current_device_uses(self) -> None:
         if self.set_device_calls or self.selects_device_otherwise or not self.init_calls:
@@ -226,6 +262,31 @@ class DeviceNotLocalRank(DistributedRule):
                     severity=Severity.WARNING,
                 )
                 return
+
+
+def _index_expression(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The GPU index inside a device spelling: `rank` in `f"cuda:{rank}"`,
+    `"cuda:{}".format(rank)`, `"cuda:%d" % rank`, or a bare name or attribute."""
+    if isinstance(value, cst.FormattedString):
+        parts = value.parts
+        if (
+            len(parts) == 2
+            and isinstance(parts[0], cst.FormattedStringText)
+            and parts[0].value == "cuda:"
+            and isinstance(parts[1], cst.FormattedStringExpression)
+        ):
+            return parts[1].expression
+        return None
+    if isinstance(value, cst.Call) and method_name(value) == "format" and value.args:
+        template = string_value(value.func.value)  # type: ignore[attr-defined]
+        return value.args[0].value if template == "cuda:{}" else None
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        return value.right if string_value(value.left) == "cuda:%d" else None
+    if isinstance(value, (cst.Name, cst.Attribute)) or (
+        isinstance(value, cst.Call) and dotted(value.func) == "int"
+    ):
+        return value
+    return None
 
 
 def _names_nccl(call: cst.Call) -> bool:

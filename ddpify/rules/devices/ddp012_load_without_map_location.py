@@ -6,6 +6,7 @@ from ddpify.analysis.names import find_arg, method_name
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.devices._common import DistributedRule
+from ddpify.walk import walk
 
 TORCH_LOAD = "torch.load"
 
@@ -52,7 +53,32 @@ class LoadWithoutMapLocation(DistributedRule):
             return
         if self.context.rank_zero_scope() is not None:
             return  # global rank 0 usually saved the file from the same GPU index
+        if self._other_branch_maps():
+            return
         self.loads.append((node, self._feeds_load_state_dict()))
+
+    def _other_branch_maps(self) -> bool:
+        """`if args.gpu is None: torch.load(p) else: torch.load(p, map_location=loc)`:
+        the author chose where each kind of run restores to."""
+        ancestors = self.context.ancestors
+        for parent, child in zip(reversed(ancestors[:-1]), reversed(ancestors[1:])):
+            if isinstance(parent, (cst.FunctionDef, cst.ClassDef)):
+                return False
+            if isinstance(parent, cst.If) and child is not parent.test:
+                other = parent.orelse if child is parent.body else parent.body
+                if other is not None and self._maps_location(other):
+                    return True
+        return False
+
+    def _maps_location(self, branch: cst.CSTNode) -> bool:
+        found: list[bool] = []
+
+        def visit(node: cst.CSTNode) -> None:
+            if isinstance(node, cst.Call) and self.context.qualify(node.func) == TORCH_LOAD:
+                found.append(find_arg(node, "map_location", 1) is not None)
+
+        walk(branch, visit, lambda node: None)
+        return any(found)
 
     def _feeds_load_state_dict(self) -> bool:
         """`x.load_state_dict(torch.load(p))`: copied onto x's own device anyway."""
