@@ -147,6 +147,20 @@ def test_evaluation_loader_is_left_whole_and_reported():
     assert any("not sharded" in item.why and item.line for item in result.needs_human)
 
 
+def test_a_part_of_the_model_called_in_the_step_is_reported_not_hidden():
+    """`model.encoder(x)` must become `model.module.encoder(x)` to run at all, and that runs
+    outside DDP's forward: its gradients are never averaged, so the report must say so."""
+    result = migrate_source((CASES_DIR / "submodule_call" / "before.py").read_text(), "b.py")
+    bypasses = [item for item in result.needs_human if "outside DDP's forward" in item.why]
+    lines = result.output.splitlines()
+    assert [lines[item.line - 1].strip()[:26] for item in bypasses] == [
+        "code = model.module.encode",
+        "loss = F.mse_loss(model.mo",
+    ]
+    # A method that calls no submodule (it makes a tensor) is not a bypass.
+    assert not any("noise_like" in item.why for item in result.needs_human)
+
+
 @pytest.mark.parametrize(
     ("case", "policy", "scaling", "expected"),
     [

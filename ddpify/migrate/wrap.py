@@ -12,6 +12,7 @@ import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.trained import parameter_owners
+from ddpify.analysis.wrappers import innermost, records_gradients
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -358,6 +359,14 @@ def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None
             if attr.attr.value in MODULE_API:
                 continue
             edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
+            if _bypasses_forward_in_step(tree, attr):
+                plan.needs_human(
+                    f"`{name}.module.{attr.attr.value}(...)` runs part of the model outside "
+                    "DDP's forward in a training step, so the gradients it produces are never "
+                    "averaged across ranks and the replicas drift apart; route it through "
+                    f"`{name}(...)` (a forward that takes a mode argument) (DDP033)",
+                    f".module.{attr.attr.value}(",
+                )
             code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
             plan.change(
                 NAME,
@@ -371,6 +380,49 @@ def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None
                     "prefix; strip the prefix when loading old checkpoints",
                     f".module.{attr.attr.value}",
                 )
+
+
+def _bypasses_forward_in_step(tree: Tree, attr: cst.Attribute) -> bool:
+    """`model.encoder(x)` called where a backward follows in the same loop: once the model is
+    wrapped it must become `model.module.encoder(x)`, which DDP's hooks never see."""
+    call = tree.parent.get(attr)
+    if not isinstance(call, cst.Call) or call.func is not attr:
+        return False
+    if not _may_run_submodules(tree, attr.attr.value):
+        return False
+    ancestors = tree.ancestors(call)
+    if not records_gradients(ancestors, tree.qualify):
+        return False
+    loop = innermost(ancestors, cst.For, cst.While)
+    function = tree.function(call)
+    for backward in tree.find(cst.Call, lambda c: method_name(c) == "backward"):
+        if tree.function(backward) is not function:
+            continue
+        same_loop = innermost(tree.ancestors(backward), cst.For, cst.While) is loop
+        if same_loop and (tree.after(backward, call) or loop is not None):
+            return True
+    return False
+
+
+def _may_run_submodules(tree: Tree, attr: str) -> bool:
+    """A method of a class in this file that calls no submodule (`init_hidden` making zeros)
+    runs nothing DDP must see; a submodule, or anything this file does not define, may."""
+    methods = [
+        f
+        for cls in tree.find(cst.ClassDef)
+        for f in cls.body.body
+        if isinstance(f, cst.FunctionDef) and f.name.value == attr
+    ]
+    if not methods:
+        return True
+    for method in methods:
+        cls = tree.parent[tree.parent[method]]
+        own = {f.name.value for f in cls.body.body if isinstance(f, cst.FunctionDef)}  # type: ignore[attr-defined]
+        for call in tree.within(method, cst.Call):
+            name = dotted(call.func) or ""
+            if name.startswith("self.") and name.split(".")[1] not in own - {"forward"}:
+                return True
+    return False
 
 
 def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:
