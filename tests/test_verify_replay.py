@@ -119,3 +119,26 @@ def test_after_import_patches_a_module_imported_later(tmp_path, monkeypatch):
     finally:
         sys.meta_path[:] = finders
         sys.modules.pop("ddpify_fake_solver", None)
+
+
+def two_step_record(second_grad, entering, rank=None):
+    """An SGD record of two steps; `entering` is the weight its second step was computed at."""
+    record = adam_record([torch.full((8,), 0.5), second_grad], rank=rank)
+    record["optimizers"][0]["class"] = "SGD"
+    record["steps"][1]["weights"] = [entering]
+    return record
+
+
+@pytest.mark.parametrize(("drift", "verdict_wanted"), [(3e-6, "inconclusive"), (0.0, "mismatch")])
+def test_gradients_computed_at_drifted_weights_are_not_like_with_like(drift, verdict_wanted):
+    # infogan: Adam turned step-1 rounding into weights 3.6e-6 apart, and step 2's gradients
+    # then differed by 1.04e-5 (atol 1e-5). At equal weights the same difference is a mismatch.
+    entering = INITIAL[0] - 0.1
+    original = two_step_record(torch.full((8,), 0.25), entering)
+    converted = [
+        two_step_record(torch.full((8,), 0.25 + 2e-5), entering + drift, rank=r) for r in (0, 1)
+    ]
+    result = verdict(original, converted)
+    assert result.verdict == verdict_wanted, result.message
+    caveat = "computed at weights that already differ"
+    assert (caveat in " ".join(result.inconclusive)) == (verdict_wanted == "inconclusive")

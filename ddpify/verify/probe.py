@@ -590,6 +590,8 @@ class Probe:
                 "lrs": [lr_value(group["lr"]) for group in opt.param_groups],
                 "native_lrs": native_lrs,
                 "grads": [None if p.grad is None else snapshot(p.grad) for p in self.params(opt)],
+                # the weights this step's gradients were computed at (step 1's are "initial")
+                "weights": [snapshot(p) for p in self.params(opt)] if step > 1 else None,
                 "loader": self.last_loader,
                 "data": list(data) if data else None,
             }
