@@ -147,6 +147,33 @@ def test_evaluation_loader_is_left_whole_and_reported():
     assert any("not sharded" in item.why and item.line for item in result.needs_human)
 
 
+def test_dataparallel_on_one_branch_becomes_ddp_on_every_branch():
+    """`DataParallel(m).cuda() if cuda else m` and `if cuda: m = DataParallel(m).cuda()`
+    left CPU runs unwrapped: N processes training N models. DDP must hold on every path."""
+    out = migrate_case("dp_conditional")
+    assert (
+        "regressor = DDP(net.cuda(LOCAL_RANK) if use_cuda else net, "
+        "device_ids=[LOCAL_RANK] if use_cuda else None)"
+    ) in out
+    assert "if use_cuda:\n    critic = critic.cuda(LOCAL_RANK)\ncritic = DDP(critic," in out
+    # `.module` is now right on every path, the CPU one included.
+    assert 'torch.save(critic.module.state_dict(), "critic.pt")' in out
+
+
+def test_a_part_of_the_model_called_in_the_step_is_reported_not_hidden():
+    """`model.encoder(x)` must become `model.module.encoder(x)` to run at all, and that runs
+    outside DDP's forward: its gradients are never averaged, so the report must say so."""
+    result = migrate_source((CASES_DIR / "submodule_call" / "before.py").read_text(), "b.py")
+    bypasses = [item for item in result.needs_human if "outside DDP's forward" in item.why]
+    lines = result.output.splitlines()
+    assert [lines[item.line - 1].strip()[:26] for item in bypasses] == [
+        "code = model.module.encode",
+        "loss = F.mse_loss(model.mo",
+    ]
+    # A method that calls no submodule (it makes a tensor) is not a bypass.
+    assert not any("noise_like" in item.why for item in result.needs_human)
+
+
 @pytest.mark.parametrize(
     ("case", "policy", "scaling", "expected"),
     [

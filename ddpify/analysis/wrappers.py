@@ -20,6 +20,7 @@ number: cheap to record, compared only for the few candidates a rule keeps.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -262,6 +263,34 @@ def _attribute_binding(found: list[Binding], place: Place) -> Binding | None:
 
 
 # -- helpers, also used by the rules ----------------------------------------------------
+
+# Contexts in which no gradient is recorded: a forward there is evaluation.
+NO_GRAD_CONTEXTS = frozenset(
+    {
+        "torch.no_grad",
+        "torch.inference_mode",
+        "torch.autograd.no_grad",
+        "torch.autograd.grad_mode.no_grad",
+        "torch.autograd.inference_mode",
+        "torch.set_grad_enabled",
+    }
+)
+# Functions whose name says they evaluate or sample rather than train.
+EVAL_FUNCTION = re.compile(r"(eval|valid|test|infer|predict|generate|sample|visuali|plot|log)")
+
+
+def records_gradients(ancestors: Sequence[cst.CSTNode], qualify) -> bool:
+    """Whether code at the end of `ancestors` (module first) can record gradients for a
+    training step: not under a no-grad context, not in a function named for evaluation."""
+    for node in ancestors:
+        if isinstance(node, cst.With):
+            for item in node.items:
+                call = item.item
+                func = call.func if isinstance(call, cst.Call) else call
+                if qualify(func) in NO_GRAD_CONTEXTS:
+                    return False
+    function = innermost(ancestors, cst.FunctionDef)
+    return not (function is not None and EVAL_FUNCTION.search(function.name.value.lower()))
 
 
 def innermost(ancestors: Sequence[cst.CSTNode], *types: type) -> cst.CSTNode | None:

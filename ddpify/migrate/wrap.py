@@ -14,6 +14,7 @@ from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import project_optimizer_calls, stored_models
 from ddpify.analysis.trained import parameter_owners
 from ddpify.analysis.tree import Tree, mentions
+from ddpify.analysis.wrappers import innermost, records_gradients
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -118,13 +119,26 @@ def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
     return snippets.statement(SYNC_BN.format(model=model))
 
 
-def _ddp_call(tree: Tree, plan: Plan, inner: str, extra: str = "") -> str:
+def _ddp_call(
+    tree: Tree, plan: Plan, inner: str, extra: str = "", device_ids: str | None = None
+) -> str:
     """`DDP(inner, device_ids=...)`; a script that keeps its model on the CPU gets no
-    device_ids, which DDP rejects for a CPU module (even on a GPU machine)."""
+    device_ids, which DDP rejects for a CPU module (even on a GPU machine). `device_ids`
+    overrides the default test when the model is on a GPU only under a condition."""
     plan.needs.add("ddp")
     if not runs_on_cuda(tree):
         return f"{plan.ddp}({inner}{extra})"
-    return f"{plan.ddp}({inner}, device_ids={snippets.DEVICE_IDS}{extra})"
+    return f"{plan.ddp}({inner}, device_ids={device_ids or snippets.DEVICE_IDS}{extra})"
+
+
+def _device_ids_when(tree: Tree, test: cst.BaseExpression, on_cuda: bool, moved: str) -> str | None:
+    """`[LOCAL_RANK] if use_cuda else None` when the branch that holds under `test` (or
+    fails it, on_cuda False) is the one that moves the model to the GPU."""
+    if "cuda" not in moved:
+        return None
+    condition = tree.code(test).strip()
+    first, second = ("[LOCAL_RANK]", "None") if on_cuda else ("None", "[LOCAL_RANK]")
+    return f"{first} if {condition} else {second}"
 
 
 # -- DataParallel -----------------------------------------------------------------------
@@ -146,7 +160,23 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
             f"{plan.ddp}(",
             "DDP070",
         )
+        ifexp = _one_branch_of(tree, outer)
+        if ifexp is not None:
+            # `DataParallel(m).cuda() if cuda else m`: the wrap must hold on both branches.
+            branch = snippets.expression(inner + suffix)
+            both = ifexp.with_changes(**{"body" if ifexp.body is outer else "orelse": branch})
+            ids = _device_ids_when(tree, ifexp.test, ifexp.body is outer, suffix)
+            ddp = _ddp_call(tree, plan, tree.module.code_for_node(both), device_ids=ids)
+            edits.replace(ifexp, snippets.expression(ddp))
+            target = target or _assigned_name(statement, ifexp)
+            if target:
+                wrapped.append((target, statement))
+            continue
         owner = _device_count_if(tree, statement)
+        conditional = None if owner else _conditional_owner(tree, statement)
+        if conditional is not None:
+            wrapped.append(_wrap_after_condition(tree, plan, edits, call, conditional))
+            continue
         anchor = owner or statement
         place = anchor
         if target is not None and inner == target and not suffix:
@@ -171,6 +201,69 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         if target:
             wrapped.append((target, statement))
     return wrapped
+
+
+def _one_branch_of(tree: Tree, expr: cst.BaseExpression) -> cst.IfExp | None:
+    parent = tree.parent.get(expr)
+    if isinstance(parent, cst.IfExp) and expr in (parent.body, parent.orelse):
+        return parent
+    return None
+
+
+def _assigned_name(statement: cst.BaseStatement, value: cst.BaseExpression) -> str | None:
+    """`model` of `model = <value>`."""
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if isinstance(small, cst.Assign) and small.value is value and len(small.targets) == 1:
+        return dotted(small.targets[0].target)
+    return None
+
+
+def _conditional_owner(tree: Tree, statement: cst.BaseStatement) -> cst.If | None:
+    """The `if use_cuda:` (or its else) whose block holds the DataParallel wrap, if any."""
+    block = tree.block(statement)
+    owner = tree.parent.get(block)
+    if isinstance(owner, cst.Else):
+        owner = tree.parent.get(owner)
+    while isinstance(tree.parent.get(owner), cst.If) and tree.parent[owner].orelse is owner:
+        owner = tree.parent[owner]  # an elif: the whole chain decides
+    return owner if isinstance(owner, cst.If) else None
+
+
+def _wrap_after_condition(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, owner: cst.If):
+    """`if use_cuda: model = DataParallel(model).cuda()`: the branch keeps the move, and the
+    DDP wrap goes after the whole `if`, so CPU runs are distributed too and `model.module`
+    means the same on every path."""
+    statement = tree.statement(call)
+    target = bound_target(tree, call)
+    outer = _chain_top(tree, call)
+    suffix = tree.code(outer)[len(tree.code(call)) :]
+    if target is None or tree.code(call.args[0].value) != target:
+        raise NotMigrated(
+            Shape.DATA_PARALLEL,
+            f"`{(_first_line(tree.code(statement)) or '').strip()}`: DataParallel is applied on "
+            "one branch of an `if` to something other than the name it rebinds; wrap the model "
+            "with "
+            "DataParallel on every path (or not at all) and migrate again",
+        )
+    if suffix:
+        edits.replace(outer, snippets.expression(target + suffix))
+    else:
+        edits.removed.add(statement)
+        if len(owner.body.body) == 1 and owner.orelse is None:
+            edits.removed.add(owner)
+    place = _last_preparation(tree, target, owner)
+    if _wants_sync_bn(tree, plan):
+        edits.after[place].append(_sync_bn(plan, target))
+    in_body = owner.orelse is None and tree.inside(statement, owner.body)
+    ids = _device_ids_when(tree, owner.test, True, suffix) if in_body else None
+    ddp = _ddp_call(tree, plan, target, device_ids=ids)
+    edits.after[place].append(snippets.statement(f"{target} = {ddp}"))
+    plan.needs_human(
+        f"DataParallel was applied only when a condition held; DDP now wraps `{target}` on "
+        "every path (CPU runs too), so `.module` and checkpoint keys are the same on all of them",
+        f"{target} = {plan.ddp}(",
+    )
+    return target, place
 
 
 def _chain_top(tree: Tree, call: cst.Call) -> cst.BaseExpression:
@@ -366,6 +459,14 @@ def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None
             if attr.attr.value in MODULE_API:
                 continue
             edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
+            if _bypasses_forward_in_step(tree, attr):
+                plan.needs_human(
+                    f"`{name}.module.{attr.attr.value}(...)` runs part of the model outside "
+                    "DDP's forward in a training step, so the gradients it produces are never "
+                    "averaged across ranks and the replicas drift apart; route it through "
+                    f"`{name}(...)` (a forward that takes a mode argument) (DDP033)",
+                    f".module.{attr.attr.value}(",
+                )
             code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
             plan.change(
                 NAME,
@@ -402,6 +503,49 @@ def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
             f".module.{attr.attr.value}",
             code,
         )
+
+
+def _bypasses_forward_in_step(tree: Tree, attr: cst.Attribute) -> bool:
+    """`model.encoder(x)` called where a backward follows in the same loop: once the model is
+    wrapped it must become `model.module.encoder(x)`, which DDP's hooks never see."""
+    call = tree.parent.get(attr)
+    if not isinstance(call, cst.Call) or call.func is not attr:
+        return False
+    if not _may_run_submodules(tree, attr.attr.value):
+        return False
+    ancestors = tree.ancestors(call)
+    if not records_gradients(ancestors, tree.qualify):
+        return False
+    loop = innermost(ancestors, cst.For, cst.While)
+    function = tree.function(call)
+    for backward in tree.find(cst.Call, lambda c: method_name(c) == "backward"):
+        if tree.function(backward) is not function:
+            continue
+        same_loop = innermost(tree.ancestors(backward), cst.For, cst.While) is loop
+        if same_loop and (tree.after(backward, call) or loop is not None):
+            return True
+    return False
+
+
+def _may_run_submodules(tree: Tree, attr: str) -> bool:
+    """A method of a class in this file that calls no submodule (`init_hidden` making zeros)
+    runs nothing DDP must see; a submodule, or anything this file does not define, may."""
+    methods = [
+        f
+        for cls in tree.find(cst.ClassDef)
+        for f in cls.body.body
+        if isinstance(f, cst.FunctionDef) and f.name.value == attr
+    ]
+    if not methods:
+        return True
+    for method in methods:
+        cls = tree.parent[tree.parent[method]]
+        own = {f.name.value for f in cls.body.body if isinstance(f, cst.FunctionDef)}  # type: ignore[attr-defined]
+        for call in tree.within(method, cst.Call):
+            name = dotted(call.func) or ""
+            if name.startswith("self.") and name.split(".")[1] not in own - {"forward"}:
+                return True
+    return False
 
 
 def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:

@@ -63,6 +63,8 @@ SUM_REDUCED_LOSSES = (
 FEATURE_DROPOUTS = {"dropout1d": 3, "dropout2d": None, "dropout3d": 5}
 SWITCHED_OFF_DROPOUTS = ("alpha_dropout", "feature_alpha_dropout")
 MAX_DRAWS_RECORDED = 5000
+# Adaptive-step ODE solvers whose step size is chosen over the whole batch, by module.
+ADAPTIVE_SOLVERS = {"torchdiffeq._impl.rk_common": ("RKAdaptiveStepsizeODESolver",)}
 SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"
 SYNC_BN_NAMES = ("SyncBatchNorm", "convert_sync_batchnorm")
 # numpy.random's global draws and the position of their `size` argument.
@@ -138,6 +140,35 @@ class Probe:
         self.patch_autocast()
         self.patch_grad_scaler()
         self.patch_optimizers()
+        self.watch_adaptive_solvers()
+
+    # -- adaptive ODE solvers ------------------------------------------------------------------
+
+    def watch_adaptive_solvers(self) -> None:
+        """Flag an adaptive-step ODE solve: its step sizes come from an error norm over the
+        whole batch, so N processes each integrate their shard with steps of their own and
+        agree with the single process to the solver's tolerance, not to float rounding."""
+        probe = self
+
+        def patch(module) -> None:
+            for name in ADAPTIVE_SOLVERS.get(module.__name__, ()):
+                solver = getattr(module, name, None)
+                if solver is None or getattr(solver, "_ddpify_watched", False):
+                    continue
+                init = solver.__init__
+
+                def watched_init(self, *args, _init=init, _name=name, **kwargs):
+                    _init(self, *args, **kwargs)
+                    rtol = kwargs.get("rtol", getattr(self, "rtol", None))
+                    probe.flag(
+                        "adaptive_solver",
+                        f"{_name} (rtol {lr_value(rtol):g})" if rtol is not None else _name,
+                    )
+
+                solver.__init__ = watched_init
+                solver._ddpify_watched = True
+
+        after_import(ADAPTIVE_SOLVERS, patch)
 
     def share_gpus(self) -> None:
         """Fewer GPUs than ranks: map LOCAL_RANK onto them and run the collectives on gloo."""
@@ -544,6 +575,7 @@ class Probe:
         if step == 1:
             self.record["initial"][index] = [snapshot(p) for p in self.params(opt)]
             self.record["names"][index] = parameter_names(self.params(opt), self.torch)
+            self.record["optimizers"][index]["groups"] = group_settings(opt)
         native_lrs = [lr_value(group["lr"]) for group in opt.param_groups]
         scale = self.lr_scale(opt, native_lrs)
         if scale != 1.0:
@@ -558,6 +590,8 @@ class Probe:
                 "lrs": [lr_value(group["lr"]) for group in opt.param_groups],
                 "native_lrs": native_lrs,
                 "grads": [None if p.grad is None else snapshot(p.grad) for p in self.params(opt)],
+                # the weights this step's gradients were computed at (step 1's are "initial")
+                "weights": [snapshot(p) for p in self.params(opt)] if step > 1 else None,
                 "loader": self.last_loader,
                 "data": list(data) if data else None,
             }
@@ -832,7 +866,7 @@ def python_batch_norm(torch, input, running_mean, running_var, weight, bias, mom
     def total(tensor):
         return all_reduce(tensor) if sync else tensor
 
-    x = input.float()
+    x = input if input.dtype == torch.float64 else input.float()  # float64 stays exact
     dims = [0, *range(2, x.dim())]
     shape = [1, x.size(1)] + [1] * (x.dim() - 2)
     count = torch.tensor([x.numel() / x.size(1)], dtype=torch.float64, device=x.device)
@@ -844,9 +878,9 @@ def python_batch_norm(torch, input, running_mean, running_var, weight, bias, mom
     var = total((centred * centred).sum(dims)) / n
     out = centred * torch.rsqrt(var + eps).reshape(shape)
     if weight is not None:
-        out = out * weight.float().reshape(shape)
+        out = out * weight.to(x.dtype).reshape(shape)
     if bias is not None:
-        out = out + bias.float().reshape(shape)
+        out = out + bias.to(x.dtype).reshape(shape)
     if running_mean is not None and momentum is not None:
         with torch.no_grad():
             running_mean.mul_(1 - momentum).add_(
@@ -872,6 +906,56 @@ def first_tensor(batch, torch):
 
 def snapshot(tensor):
     return tensor.detach().to("cpu", copy=True)
+
+
+def after_import(names, patch) -> None:
+    """Call patch(module) on each module of `names` now if imported, else once it is."""
+    import importlib.abc
+    import importlib.util
+
+    for name in names:
+        if name in sys.modules:
+            patch(sys.modules[name])
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname not in names:
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(fullname)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module):
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_and_patch
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
+def group_settings(opt) -> list[dict]:
+    """Each param group's size and plain hyperparameters, so compare can replay the optimizer."""
+    groups = []
+    for group in opt.param_groups:
+        settings = {"params": len(group["params"])}
+        for key, value in group.items():
+            if key == "params" or key.startswith("_ddpify"):
+                continue
+            if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+                value = value.item()
+            if value is None or isinstance(value, (bool, int, float, str)):
+                settings[key] = value
+            elif isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value):
+                settings[key] = value
+        groups.append(settings)
+    return groups
 
 
 def lr_value(lr) -> float:

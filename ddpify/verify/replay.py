@@ -1,0 +1,65 @@
+"""Replay a run's optimizer on its recorded gradients, to tell why weights differ.
+
+Gradients are compared at every step; the weights after the last step check what the
+optimizer did with them. An adaptive optimizer (Adam, RMSprop, ...) divides each gradient
+by its running magnitude plus eps, so where a gradient is near eps (1e-8) a difference far
+inside the gradient tolerance (float32 rounding of a different summation order) becomes a
+difference of up to lr in the weight. Replaying the optimizer, from the same initial weights,
+on the gradients each run recorded separates the two questions: when the replay reproduces
+both runs' weights, the optimizer did the same thing in both and the weight difference is
+what the (matching) gradient differences make of it; when it does not, something in the
+optimizer (learning rate, state, an extra or missing step) differs and the mismatch stands.
+"""
+
+from __future__ import annotations
+
+# Optimizers whose step needs a closure (LBFGS) or keeps state we cannot rebuild are not replayed.
+REPLAYABLE = {
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Adagrad",
+    "Adadelta",
+}
+# Implementation switches: the replay uses the plain single-tensor path on CPU.
+IMPLEMENTATION_KEYS = {"foreach", "fused", "capturable", "differentiable"}
+
+
+def replay_weights(record: dict, optimizer: int, steps: list[int]) -> list | None:
+    """The weights optimizer `optimizer` of this run would reach by stepping on the gradients
+    it recorded at `steps`, from its recorded initial weights; None when it cannot be replayed."""
+    import torch
+
+    info = record["optimizers"][optimizer] if optimizer < len(record["optimizers"]) else {}
+    groups = info.get("groups")
+    initial = record["initial"].get(optimizer)
+    by_step = {s["step"]: s for s in record["steps"] if s["optimizer"] == optimizer}
+    if info.get("class") not in REPLAYABLE or not groups or initial is None:
+        return None
+    if any(step not in by_step for step in steps) or sum(g["params"] for g in groups) != len(
+        initial
+    ):
+        return None
+    params = [torch.nn.Parameter(t.detach().clone()) for t in initial]
+    param_groups, start = [], 0
+    for group in groups:
+        settings = {k: v for k, v in group.items() if k not in IMPLEMENTATION_KEYS | {"params"}}
+        size = group["params"]
+        param_groups.append({**settings, "params": params[start : start + size]})
+        start += size
+    try:
+        opt = getattr(torch.optim, info["class"])(param_groups)
+        for step in sorted(steps):
+            record_step = by_step[step]
+            for group, lr in zip(opt.param_groups, record_step["lrs"]):
+                group["lr"] = lr
+            for p, grad in zip(params, record_step["grads"]):
+                p.grad = None if grad is None else grad.detach().clone().to(p.dtype)
+            opt.step()
+    except (TypeError, ValueError, RuntimeError, KeyError):
+        return None  # a hyperparameter this torch does not take: no replay, no explanation
+    return [p.detach() for p in params]
