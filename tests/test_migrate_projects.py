@@ -148,23 +148,40 @@ def test_a_gate_failure_names_the_file():
     assert caught.value.reason.startswith("helper.py: ")
 
 
-@pytest.mark.torchrun
-@pytest.mark.parametrize("case", CASES)
-def test_migrated_project_verifies(case, tmp_path, monkeypatch):
-    pytest.importorskip("torch")
-    from ddpify.verify import run_verify
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    """case -> the verify result of its after/ against its before/, all in one batch
+    (ddpify/verify/batch.py: one torchrun launch for the conversions)."""
+    from ddpify.verify.batch import VerifyJob, run_verify_many
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    work, migration = _migrated(case, tmp_path)
-    summary = migration.summary()
-    result = run_verify(
-        PROJECTS / case / "before" / "train.py",
-        PROJECTS / case / "after" / "train.py",
-        batch_policy="global" if summary.hand_made else summary.batch_policy,
-        lr_scale=summary.lr_scale_for(2),
-        fixed_codes=sorted({c for r in migration.results for c in r.fixed_codes}),
-        cwd=work,
-    )
+    jobs = []
+    for case in CASES:
+        work, migration = _migrated(case, tmp_path_factory.mktemp(case))
+        summary = migration.summary()
+        options = {
+            "batch_policy": "global" if summary.hand_made else summary.batch_policy,
+            "lr_scale": summary.lr_scale_for(2),
+            "fixed_codes": sorted({c for r in migration.results for c in r.fixed_codes}),
+            "cwd": work,
+        }
+        jobs.append(
+            VerifyJob(
+                PROJECTS / case / "before" / "train.py",
+                PROJECTS / case / "after" / "train.py",
+                options,
+            )
+        )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        return dict(zip(CASES, run_verify_many(jobs)))
+
+
+@pytest.mark.torchrun
+@pytest.mark.xdist_group("verify_projects")
+@pytest.mark.parametrize("case", CASES)
+def test_migrated_project_verifies(case, verified):
+    pytest.importorskip("torch")
+    result = verified[case]
     assert result.exit_code == 0, result.message
 
 
