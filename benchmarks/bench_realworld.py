@@ -101,6 +101,17 @@ def read_rows(table: Path) -> list[Row]:
         ]
 
 
+def _is_project(script: Path) -> bool:
+    """Whether the script imports local modules (ddpify migrates them with it)."""
+    sys.path.insert(0, str(ROOT))
+    from ddpify.analysis.project import Project
+
+    try:
+        return not Project.discover([script]).is_single_file
+    except Exception:  # noqa: BLE001 - unreadable: the migrate step says why
+        return False
+
+
 def first_error(text: str) -> str:
     """The line a user would read first: the exception at the end of a traceback."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -172,7 +183,16 @@ class Runner:
             outcome.original = "ok" if code == 0 else ("timeout" if code is None else "failed")
             if code != 0:
                 outcome.why = f"original: {first_error(out)}"
-        if not self.migrate(row, cwd, name, converted, outcome):
+        if _is_project(script):
+            # The entry imports local modules that change too: migrate a copy of the row in
+            # place; the converted entry runs from the original's folder (same data), its
+            # own folder first on sys.path (its converted modules).
+            other = copy.with_name(copy.name + "-ddp")
+            shutil.copytree(copy, other, symlinks=True)
+            converted = str(other / row.path)
+            if not self.migrate(row, Path(converted).parent, name, None, outcome):
+                return
+        elif not self.migrate(row, cwd, name, converted, outcome):
             return
         limit = self.factor * row.timeout_s
         code, out = self.shell(
@@ -191,19 +211,22 @@ class Runner:
             outcome.why = outcome.why or f"torchrun: {first_error(out)}"
         self.verify(row, cwd, name, converted, env, outcome)
 
-    def migrate(self, row, cwd: Path, name: str, converted: str, outcome: Outcome) -> bool:
+    def migrate(self, row, cwd: Path, name: str, converted, outcome: Outcome) -> bool:
+        """`ddpify migrate NAME -o CONVERTED`; in place when `converted` is None (a project)."""
         env = dict(os.environ, PYTHONPATH=str(ROOT))
+        output = ["-o", converted] if converted is not None else []
         done = subprocess.run(
-            [sys.executable, "-m", "ddpify", "migrate", name, "-o", converted],
+            [sys.executable, "-m", "ddpify", "migrate", name, *output],
             cwd=cwd,
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=600,
         )
         text = done.stdout + done.stderr
         outcome.details["migrate_output"] = text[-4000:]
-        if done.returncode == 0 and (cwd / converted).exists():
+        written = converted is None and "files to change" in text and "; 0 files" not in text
+        if done.returncode == 0 and (written or converted and (cwd / converted).exists()):
             outcome.migrate = "migrated"
             return True
         if done.returncode == 0:  # nothing to change
