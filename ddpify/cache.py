@@ -19,7 +19,7 @@ from typing import Any
 from ddpify import __version__
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.engine import FileResult
-from ddpify.files import SourceError, write_atomic
+from ddpify.files import SourceError, read_bounded, write_atomic
 
 CACHE_DIR = ".ddpify_cache"
 CACHE_FILE = "check-results.json"
@@ -74,6 +74,13 @@ def _decode(data: dict[str, Any]) -> Diagnostic:
     )
 
 
+def _digest_of(path: str) -> str | None:
+    try:
+        return hashlib.sha256(read_bounded(path)).hexdigest()
+    except SourceError:
+        return None
+
+
 class ResultCache:
     def __init__(self, directory: Path, codes: Sequence[str]) -> None:
         self.path = directory / CACHE_FILE
@@ -103,6 +110,10 @@ class ResultCache:
             )
         except (KeyError, TypeError, ValueError):
             return None
+        depends_on = entry.get("depends_on") or {}
+        if not all(_digest_of(path) == digest for path, digest in depends_on.items()):
+            return None  # a helper module it read has changed
+        result.depends_on = dict(depends_on)
         self.used[key] = entry
         return result
 
@@ -113,6 +124,7 @@ class ResultCache:
             "filename": result.filename,
             "skipped": result.skipped,
             "diagnostics": [_encode(d) for d in result.diagnostics],
+            "depends_on": result.depends_on,
         }
 
     def save(self) -> None:

@@ -16,6 +16,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
+from ddpify.analysis.project import LocalFunction, LocalFunctions
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.guarded import GaveUp, guarded, python_rejects, risky
@@ -31,11 +32,18 @@ _NOQA = re.compile(r"#\s*noqa(?P<codes>:\s*[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)?
 class Context:
     """What a rule may ask while it visits: imports, the script model, the ancestry."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, filename: str | None = None) -> None:
         self.module = module
         self.imports = ImportMap()
         self.model = ScriptModel(self.imports)
         self.ancestors: list[cst.CSTNode] = []
+        # Functions this file imports from local modules (read only when a rule asks).
+        self.local = LocalFunctions(filename)
+
+    def local_function(self, qualified: str) -> LocalFunction | None:
+        """The definition of an imported helper (`utils.save_checkpoint`) in a local module
+        of the project, or None (not local, not found, or no file to start from)."""
+        return self.local.function(qualified)
 
     def qualify(self, expr: cst.BaseExpression) -> str | None:
         return self.imports.qualify(expr)
@@ -110,6 +118,8 @@ class FileResult:
     skipped: bool = False  # never mentions torch: not parsed at all
     # Rules that raised on this file (a bug in ddpify): reported as internal errors.
     crashes: list[str] = field(default_factory=list)
+    # Other files the findings depend on (a helper's definition): path -> sha256.
+    depends_on: dict[str, str] = field(default_factory=dict)
 
 
 def physical_lines(text: str) -> list[str]:
@@ -159,10 +169,17 @@ def _syntax_error(text: str, filename: str, exc: cst.ParserSyntaxError) -> Diagn
 
 
 def run_rules(
-    module: cst.Module, rule_types: Iterable[type[Rule]], crashes: list[str] | None = None
+    module: cst.Module,
+    rule_types: Iterable[type[Rule]],
+    crashes: list[str] | None = None,
+    *,
+    filename: str | None = None,
+    depends_on: dict[str, str] | None = None,
 ) -> list[Report]:
-    """Run the rules over `module`. Without a `crashes` list, a rule's exception propagates."""
-    context = Context(module)
+    """Run the rules over `module`. Without a `crashes` list, a rule's exception propagates.
+    With `filename`, rules may read helpers from the file's local modules; the files they
+    read are added to `depends_on`."""
+    context = Context(module, filename)
     _prescan_imports(module, context.imports)
     rules = [rule_type(context) for rule_type in rule_types]
     collected: list[str] = []
@@ -172,6 +189,8 @@ def run_rules(
         raise RuntimeError("; ".join(collected))
     if crashes is not None:
         crashes.extend(collected)
+    if depends_on is not None:
+        depends_on.update(context.local.used)
     return [report for rule in rules for report in rule.reports]
 
 
@@ -195,7 +214,9 @@ def _check_text(text: str, filename: str, rule_types: Sequence[type[Rule]]) -> F
     if isinstance(module, Diagnostic):
         result.diagnostics.append(module)
         return result
-    reports = run_rules(module, rule_types, result.crashes)
+    reports = run_rules(
+        module, rule_types, result.crashes, filename=filename, depends_on=result.depends_on
+    )
     if reports:
         lines = physical_lines(text)
         diagnostics = _to_diagnostics(module, reports, filename, text, lines)

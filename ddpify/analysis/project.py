@@ -14,6 +14,7 @@ that imports nothing local costs one scan of its import statements.
 from __future__ import annotations
 
 import ast
+import hashlib
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +23,10 @@ from typing import Callable
 
 import libcst as cst
 
+from ddpify.analysis.names import ImportMap
 from ddpify.analysis.tree import Tree
-from ddpify.files import SourceError, SourceFile, read_source
+from ddpify.files import SourceError, SourceFile, decode_source, read_bounded, read_source
+from ddpify.guarded import risky
 
 MAX_MODULES = 64
 # How far above an entry script a package root may be (`python tools/train.py` importing
@@ -359,3 +362,85 @@ class _Parents:
     def __contains__(self, node) -> bool:
         tree = self.view.owner(node)
         return tree is not None and node in tree.parent
+
+
+# -- helpers defined in another module, for the checker ------------------------------------
+
+
+@dataclass
+class LocalFunction:
+    """A function a checked file imports from a local module, parsed from that module."""
+
+    node: cst.FunctionDef
+    imports: ImportMap  # the defining module's imports (to qualify its calls)
+    path: Path
+    digest: str  # sha256 of the module's bytes: a cached result depends on it
+
+
+class LocalFunctions:
+    """`utils.save_checkpoint` -> its definition in ./utils.py, for a file being checked.
+
+    Lazy: nothing is read until a rule asks about an imported name, and then only the
+    module it names (beside the file, or up to MAX_ROOT_ASCENT directories above, inside
+    nothing but local folders). Parsed modules are shared by the whole run."""
+
+    _parsed: dict[tuple[Path, int, int], tuple[cst.Module, ImportMap, str] | None] = {}
+
+    def __init__(self, filename: str | None) -> None:
+        self.file = Path(filename).resolve() if filename else None
+        self.used: dict[str, str] = {}  # path -> digest of each module consulted
+        self._found: dict[str, LocalFunction | None] = {}
+
+    def function(self, qualified: str) -> LocalFunction | None:
+        if self.file is None or "." not in qualified or qualified.startswith("torch."):
+            return None
+        if qualified not in self._found:
+            self._found[qualified] = self._lookup(qualified)
+        found = self._found[qualified]
+        if found is not None:
+            self.used[str(found.path)] = found.digest
+        return found
+
+    def _lookup(self, qualified: str) -> LocalFunction | None:
+        module_name, _, name = qualified.rpartition(".")
+        boundary = _common_root([self.file])
+        for path in _resolve_absolute(module_name, _roots([self.file], boundary), boundary):
+            if path.name == "__init__.py" and module_name.split(".")[-1] != path.parent.name:
+                continue
+            parsed = self._parse(path)
+            if parsed is None:
+                continue
+            module, imports, digest = parsed
+            for statement in module.body:
+                if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
+                    return LocalFunction(statement, imports, path, digest)
+        return None
+
+    @classmethod
+    def _parse(cls, path: Path) -> tuple[cst.Module, ImportMap, str] | None:
+        try:
+            info = path.stat()
+        except OSError:
+            return None
+        key = (path, info.st_mtime_ns, info.st_size)
+        if key not in cls._parsed:
+            cls._parsed[key] = _parse_module(path)
+        return cls._parsed[key]
+
+
+def _parse_module(path: Path) -> tuple[cst.Module, ImportMap, str] | None:
+    try:
+        data = read_bounded(path)
+        text = decode_source(data, str(path)).text
+        if risky(text):
+            return None  # a helper module is not worth a forked parser
+        module = cst.parse_module(text)
+    except (SourceError, cst.ParserSyntaxError, RecursionError, MemoryError, ValueError):
+        return None
+    imports = ImportMap()
+    for statement in module.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    imports.add(small)
+    return module, imports, hashlib.sha256(data).hexdigest()

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis.guards import Scope
+from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.names import dotted
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
@@ -14,6 +14,7 @@ from ddpify.rules.rank_zero._common import (
     mentions_rank,
     positional_arg,
 )
+from ddpify.walk import walk
 
 # Checkpoint writers and where their path argument is: (keyword, position).
 SAVE_CALLS = {
@@ -31,6 +32,7 @@ class _Save:
     call: cst.Call
     callee: str
     ancestors: Ancestors
+    defined_in: str | None = None  # a helper of another module that saves: its file
 
 
 class UnguardedSave(RankZeroRule):
@@ -51,11 +53,22 @@ class UnguardedSave(RankZeroRule):
     def on_call(self, node: cst.Call, qualified: str | None) -> None:
         callee = self._save_callee(node, qualified)
         if callee is None:
+            self._helper_save(node, qualified)
             return
         path = self._path(node, callee)
         if path is not None and (self._per_rank(path) or self._in_memory(path)):
             return  # one file per rank, or a buffer
         self.saves.append(_Save(node, callee, self.snapshot()))
+
+    def _helper_save(self, node: cst.Call, qualified: str | None) -> None:
+        """`utils.save_checkpoint(state, path)`, defined in a local module where it calls
+        torch.save on whatever rank calls it: the call site decides (the helper's own
+        file, checked alone, cannot tell who calls it)."""
+        if qualified is None or not self.context.model.is_distributed:
+            return
+        helper = self.context.local_function(qualified)
+        if helper is not None and saves_on_any_rank(helper.node, helper.imports.qualify):
+            self.saves.append(_Save(node, qualified, self.snapshot(), helper.path.name))
 
     @staticmethod
     def _save_callee(node: cst.Call, qualified: str | None) -> str | None:
@@ -99,7 +112,9 @@ class UnguardedSave(RankZeroRule):
             if not resolution.known or resolution.scope is Scope.GLOBAL:
                 continue
             shown = self.context.code(save.call.func)
-            if resolution.scope is Scope.LOCAL:
+            if save.defined_in is not None and resolution.scope is None:
+                self.report(save.call, _helper_message(shown, save.defined_in))
+            elif resolution.scope is Scope.LOCAL:
                 self.report(save.call, _local_message(shown), severity=Severity.INFO)
             else:
                 self.report(save.call, _message(shown, resolution.helper))
@@ -113,8 +128,38 @@ def _message(shown: str, helper: str | None) -> str:
     )
 
 
+def _helper_message(shown: str, defined_in: str) -> str:
+    return (
+        f"`{shown}()` (defined in {defined_in}) calls `torch.save` without a rank guard, and "
+        "runs on every rank here, so all processes write the same file; call it under "
+        "`if dist.get_rank() == 0:`"
+    )
+
+
 def _local_message(shown: str) -> str:
     return (
         f"`{shown}` is guarded by a local rank, so one process per node writes the file; "
         "guard it with the global rank (`dist.get_rank() == 0`) when nodes share storage"
     )
+
+
+def saves_on_any_rank(function: cst.FunctionDef, qualify) -> bool:
+    """Whether `function` calls a checkpoint writer outside any rank-0 guard of its own
+    (with a path that is the same on every rank)."""
+    ancestors: list[cst.CSTNode] = []
+    found = False
+
+    def enter(node: cst.CSTNode) -> None:
+        nonlocal found
+        ancestors.append(node)
+        if found or not isinstance(node, cst.Call) or qualify(node.func) not in SAVE_CALLS:
+            return
+        keyword, position = SAVE_CALLS[qualify(node.func)]
+        path = keyword_arg(node, keyword) or positional_arg(node, position)
+        if path is not None and mentions_rank(path.value):
+            return
+        if rank_zero_scope(ancestors) is None:
+            found = True
+
+    walk(function, enter, lambda node: ancestors.pop())
+    return found

@@ -1,0 +1,94 @@
+"""`ddpify check` with evidence in another module of the project: a helper that saves, a
+helper that guards, a call site that guards; and the cache when that module changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpify.api import check_paths
+from ddpify.rules import select_rules
+
+TRAIN = """\
+import torch
+import torch.distributed as dist
+
+import utils
+from utils import save_on_master
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(2, 2)
+{body}
+"""
+
+UTILS = """\
+import torch
+import torch.distributed as dist
+
+
+def is_main_process():
+    return dist.get_rank() == 0
+
+
+def save_checkpoint(state, path):
+{save}
+
+
+def save_on_master(state, path):
+    if is_main_process():
+        torch.save(state, path)
+"""
+UNGUARDED = "    torch.save(state, path)"
+GUARDED = "    if is_main_process():\n        torch.save(state, path)"
+
+
+def _project(tmp_path: Path, body: str, save: str = UNGUARDED) -> Path:
+    (tmp_path / "utils.py").write_text(UTILS.format(save=save))
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN.format(body=body))
+    return train
+
+
+def _findings(path: Path, cache_dir: Path | None = None) -> list[str]:
+    report = check_paths([str(path)], select_rules(["DDP050"]), cache_dir=cache_dir)
+    return [f"{d.location.row} {d.message}" for d in report.diagnostics]
+
+
+def test_a_saving_helper_of_another_module_called_on_every_rank(tmp_path):
+    train = _project(tmp_path, 'utils.save_checkpoint(model.state_dict(), "a.pt")')
+    [finding] = _findings(train)
+    assert finding.startswith("9 `utils.save_checkpoint()` (defined in utils.py) calls")
+
+
+def test_a_helper_that_guards_itself_is_quiet(tmp_path):
+    train = _project(tmp_path, 'save_on_master(model.state_dict(), "a.pt")')
+    assert _findings(train) == []
+
+
+def test_a_call_site_under_a_guard_helper_of_another_module_is_quiet(tmp_path):
+    body = 'if utils.is_main_process():\n    utils.save_checkpoint(model.state_dict(), "a.pt")'
+    assert _findings(_project(tmp_path, body)) == []
+
+
+def test_a_helper_that_guards_inside_is_quiet(tmp_path):
+    body = 'utils.save_checkpoint(model.state_dict(), "a.pt")'
+    assert _findings(_project(tmp_path, body, save=GUARDED)) == []
+
+
+def test_a_per_rank_path_in_the_helper_is_quiet(tmp_path):
+    save = '    torch.save(state, f"{path}.rank{dist.get_rank()}")'
+    body = 'utils.save_checkpoint(model.state_dict(), "a.pt")'
+    assert _findings(_project(tmp_path, body, save=save)) == []
+
+
+def test_the_helper_module_checked_alone_says_nothing(tmp_path):
+    _project(tmp_path, 'utils.save_checkpoint(model.state_dict(), "a.pt")')
+    assert _findings(tmp_path / "utils.py") == []
+
+
+def test_the_cache_notices_a_change_in_the_helper_module(tmp_path):
+    train = _project(tmp_path, 'utils.save_checkpoint(model.state_dict(), "a.pt")')
+    cache = tmp_path / ".cache"
+    assert len(_findings(train, cache)) == 1
+    assert len(_findings(train, cache)) == 1  # served from the cache
+    (tmp_path / "utils.py").write_text(UTILS.format(save=GUARDED))
+    assert _findings(train, cache) == []  # train.py is unchanged, its helper is not
