@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.model import ScriptModel
@@ -20,6 +19,7 @@ from ddpify.analysis.project import LocalFunction, LocalFunctions
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.guarded import GaveUp, guarded, python_rejects, risky
+from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
 from ddpify.walk import walk
 
@@ -63,7 +63,8 @@ class Context:
 
 
 class _Dispatcher:
-    """One traversal: keep the ancestry, feed the model, then every rule's handlers.
+    """One traversal: keep the ancestry (and each node's parent, for positions and fixes
+    later), feed the model, then every rule's handlers.
 
     A rule that raises is switched off for the rest of the file and its findings there
     dropped, so one rule's bug costs one rule, not the whole run; the crash is recorded.
@@ -73,6 +74,7 @@ class _Dispatcher:
         self.context = context
         self.crashes = crashes
         self.failed: set[Rule] = set()
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.visitors: dict[str, list] = defaultdict(list)
         self.leavers: dict[str, list] = defaultdict(list)
         for rule in rules:
@@ -93,7 +95,10 @@ class _Dispatcher:
                 self.crashes.append(f"rule {rule.CODE} failed: {type(exc).__name__}: {exc}")
 
     def enter(self, node: cst.CSTNode) -> None:
-        self.context.ancestors.append(node)
+        ancestors = self.context.ancestors
+        if ancestors:
+            self.parents[node] = ancestors[-1]
+        ancestors.append(node)
         self.context.model.visit(node)
         self._call(self.visitors.get(type(node).__name__, ()), node)
 
@@ -179,6 +184,17 @@ def run_rules(
     """Run the rules over `module`. Without a `crashes` list, a rule's exception propagates.
     With `filename`, rules may read helpers from the file's local modules; the files they
     read are added to `depends_on`."""
+    return _run_rules(module, rule_types, crashes, filename, depends_on)[0]
+
+
+def _run_rules(
+    module: cst.Module,
+    rule_types: Iterable[type[Rule]],
+    crashes: list[str] | None,
+    filename: str | None = None,
+    depends_on: dict[str, str] | None = None,
+) -> tuple[list[Report], dict[cst.CSTNode, cst.CSTNode]]:
+    """The reports, and the parent of each node the walk saw."""
     context = Context(module, filename)
     _prescan_imports(module, context.imports)
     rules = [rule_type(context) for rule_type in rule_types]
@@ -191,7 +207,7 @@ def run_rules(
         crashes.extend(collected)
     if depends_on is not None:
         depends_on.update(context.local.used)
-    return [report for rule in rules for report in rule.reports]
+    return [report for rule in rules for report in rule.reports], dispatcher.parents
 
 
 def check_source(
@@ -214,12 +230,12 @@ def _check_text(text: str, filename: str, rule_types: Sequence[type[Rule]]) -> F
     if isinstance(module, Diagnostic):
         result.diagnostics.append(module)
         return result
-    reports = run_rules(
-        module, rule_types, result.crashes, filename=filename, depends_on=result.depends_on
+    reports, parents = _run_rules(
+        module, rule_types, result.crashes, filename, depends_on=result.depends_on
     )
     if reports:
         lines = physical_lines(text)
-        diagnostics = _to_diagnostics(module, reports, filename, text, lines)
+        diagnostics = _to_diagnostics(module, reports, filename, text, lines, parents)
         result.diagnostics = _filter_noqa(diagnostics, text, lines)
     return result
 
@@ -233,10 +249,17 @@ def check_bytes(data: bytes, filename: str, rule_types: Sequence[type[Rule]]) ->
 
 
 def _to_diagnostics(
-    module: cst.Module, reports: list[Report], filename: str, text: str, lines: list[str]
+    module: cst.Module,
+    reports: list[Report],
+    filename: str,
+    text: str,
+    lines: list[str],
+    parents: Mapping[cst.CSTNode, cst.CSTNode],
 ) -> list[Diagnostic]:
-    positions = _positions(module)
-    renderer = _FixRenderer(module, text, positions) if any(r.fix for r in reports) else None
+    positions = Positions(module, text, parents)
+    renderer = (
+        _FixRenderer(module, text, positions, parents) if any(r.fix for r in reports) else None
+    )
     out = []
     for report in reports:
         span = positions[report.node]
@@ -263,30 +286,6 @@ def _to_diagnostics(
         )
     out.sort(key=lambda d: (d.location, d.code))
     return out
-
-
-def _positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
-    """PositionProvider's result. Called directly: MetadataWrapper first walks the whole
-    tree for batchable providers, of which there are none here, doubling the cost."""
-    provider = PositionProvider()
-    try:
-        provider._gen_impl(module)
-        return provider._computed
-    except AttributeError:  # libcst internals moved: take the public road
-        return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-
-
-def _parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
-    parents: dict[cst.CSTNode, cst.CSTNode] = {}
-    stack: list[cst.CSTNode] = []
-
-    def enter(node: cst.CSTNode) -> None:
-        if stack:
-            parents[node] = stack[-1]
-        stack.append(node)
-
-    walk(module, enter, lambda node: stack.pop())
-    return parents
 
 
 class _Replace(cst.CSTTransformer):
@@ -328,11 +327,13 @@ class _FixRenderer:
     that rendering differs from the original text.
     """
 
-    def __init__(self, module: cst.Module, text: str, positions: Mapping) -> None:
+    def __init__(
+        self, module: cst.Module, text: str, positions: Positions, parents: Mapping
+    ) -> None:
         self.module = module
         self.text = text
         self.positions = positions
-        self.parents = _parents(module)
+        self.parents = parents
         self.row_offsets = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
         self.body_index = {id(statement): i for i, statement in enumerate(module.body)}
 
@@ -366,7 +367,7 @@ class _FixRenderer:
         statement = self.module.body[index]
         decorators = getattr(statement, "decorators", ())
         first = decorators[0] if decorators else statement
-        return self.positions[first].start.line - len(statement.leading_lines)
+        return self.positions.start(first).line - len(statement.leading_lines)
 
     def _end_offset(self, index: int) -> int:
         if index + 1 < len(self.module.body):
