@@ -348,7 +348,7 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> N
 
 
 def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | None:
-    inside = names_in(loop)
+    inside = _names_read(loop)
     # `self.loader` before `loader`: names_in also lists the attribute's own name.
     for name in sorted(inside & set(names), key=_most_qualified):
         return name
@@ -362,6 +362,28 @@ def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | Non
                 if used:
                     return sorted(used, key=_most_qualified)[0]
     return None
+
+
+def _names_read(node: cst.CSTNode) -> set[str]:
+    """names_in(node) without keyword-argument names: `step(dataloader=train_dl)` reads
+    `train_dl`, not a `dataloader`."""
+    found: set[str] = set()
+
+    class _Visit(cst.CSTVisitor):
+        def visit_Arg(self, arg: cst.Arg) -> bool:
+            arg.value.visit(self)
+            return False
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            name = dotted(attribute)
+            if name:
+                found.add(name)
+
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+    node.visit(_Visit())
+    return found
 
 
 def _most_qualified(name: str) -> tuple[int, str]:
