@@ -34,6 +34,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -225,7 +226,8 @@ class Runner:
         )
         text = done.stdout + done.stderr
         outcome.details["migrate_output"] = text[-4000:]
-        written = converted is None and "files to change" in text and "; 0 files" not in text
+        changed = re.search(r"; (\d+) files? to change", text)
+        written = converted is None and changed is not None and int(changed.group(1)) > 0
         if done.returncode == 0 and (written or converted and (cwd / converted).exists()):
             outcome.migrate = "migrated"
             return True
