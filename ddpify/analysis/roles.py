@@ -112,6 +112,13 @@ def _model_names(tree: Tree) -> set[str]:
     return names | propagate(tree, names)
 
 
+def trained_model_names(tree: Tree) -> set[str]:
+    """Names that hold a module an optimizer trains (in any module of the project), and
+    the parameters that receive one: `model_names` without mere DataParallel/DDP targets."""
+    trained = set(trained_modules(_optimizer_calls(tree.view)))
+    return trained | propagate(tree, trained)
+
+
 def optimizer_names(tree: Tree) -> set[str]:
     names = {bound_target(tree, call) for call in _optimizer_calls(tree.view)} - {None}
     return names | propagate(tree, names)  # type: ignore[operator]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
-from ddpify.analysis.roles import project_optimizer_calls, stored_models
+from ddpify.analysis.roles import project_optimizer_calls, stored_models, trained_model_names
 from ddpify.analysis.trained import parameter_owners
 from ddpify.analysis.tree import Tree, mentions
 from ddpify.analysis.wrappers import innermost, records_gradients
@@ -75,6 +75,20 @@ MODULE_API = {
     "half",
     "float",
     "type",
+}
+# nn.Module methods that run no forward: calling them through `.module` bypasses nothing.
+NOT_A_FORWARD = {
+    "state_dict",
+    "load_state_dict",
+    "named_parameters",
+    "parameters",
+    "buffers",
+    "children",
+    "modules",
+    "get_submodule",
+    "get_parameter",
+    "register_buffer",
+    "extra_repr",
 }
 SYNC_BN = """\
 if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
@@ -154,6 +168,15 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         inner = tree.code(call.args[0].value)
         statement = tree.statement(call)
         target = bound_target(tree, call)
+        if not plan.entry and not ({inner, target} & trained_model_names(tree)):
+            # A helper module's copy (an EMA model): DDP is for the module that trains.
+            plan.needs_human(
+                f"DataParallel of `{inner}`, which no optimizer trains, is left as it is; "
+                "under DDP, `isinstance(..., DataParallel)` tests on the trained model are "
+                "false (it is a DistributedDataParallel now)",
+                tree.code(statement),
+            )
+            continue
         plan.change(
             NAME,
             "DataParallel -> DistributedDataParallel (one process per GPU)",
@@ -508,6 +531,8 @@ def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
 def _bypasses_forward_in_step(tree: Tree, attr: cst.Attribute) -> bool:
     """`model.encoder(x)` called where a backward follows in the same loop: once the model is
     wrapped it must become `model.module.encoder(x)`, which DDP's hooks never see."""
+    if attr.attr.value in NOT_A_FORWARD:
+        return False
     call = tree.parent.get(attr)
     if not isinstance(call, cst.Call) or call.func is not attr:
         return False
