@@ -310,6 +310,7 @@ def test_timeout_exits_2_and_leaves_no_process(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@in_batch  # not beside the batch's own launches on the other worker
 def test_ctrl_c_leaves_no_process(tmp_path):
     # A copy of its own: processes are found by script path, and the timeout test may be
     # running the same hanging script at the same time in another worker.
@@ -328,7 +329,9 @@ def test_ctrl_c_leaves_no_process(tmp_path):
         time.sleep(0.5)
     assert len(probe_processes(hang)) >= 3, "the workers never started"
     ddpify.send_signal(signal.SIGINT)
-    assert ddpify.wait(timeout=60) == 130
+    # Generous: on 2 cores shared with the other worker's torch launches, the process tree
+    # can take over a minute to wind down; what is asserted is the exit code and no orphans.
+    assert ddpify.wait(timeout=240) == 130
     assert probe_processes(hang) == []
 
 

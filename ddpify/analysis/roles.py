@@ -416,7 +416,7 @@ def _parameter_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
     offset = 1 if params and params[0] in ("self", "cls") else 0
     called = func.name.value
     if called == "__init__":
-        cls = _class_of(tree, func)
+        cls = class_of(tree, func)
         called = cls.name.value if cls is not None else called
     found = set()
     for call in tree.find(cst.Call):
@@ -431,7 +431,7 @@ def _parameter_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
 
 def _attribute_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
     """`self.loader = loader` in a method of the class: what its callers pass."""
-    cls = _class_of(tree, func)
+    cls = class_of(tree, func)
     if cls is None:
         return set()
     found = set()
@@ -446,7 +446,8 @@ def _attribute_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
     return found
 
 
-def _class_of(tree, node: cst.CSTNode) -> cst.ClassDef | None:
+def class_of(tree, node: cst.CSTNode) -> cst.ClassDef | None:
+    """The class a node is defined in (a method's class), if any."""
     current = tree.parent.get(node)
     while current is not None and not isinstance(current, cst.ClassDef):
         current = tree.parent.get(current)

@@ -28,7 +28,7 @@ from ddpify.migrate.analyze import (
     optimizer_names,
 )
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.entrypoint import runs_on_cuda
+from ddpify.migrate.entrypoint import after_imports, runs_on_cuda
 
 NAME = "amp"
 AUTOCASTS = ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast")
@@ -289,7 +289,7 @@ def _constants(tree: Tree, plan: Plan, edits: Edits) -> None:
             if dotted(stmt.body[0].targets[0].target) == "WORLD_SIZE":
                 anchor = stmt
     if anchor is None and not plan.entry:
-        anchor = _last_import(tree)  # a project's module: the rank constants come later
+        anchor = after_imports(tree)  # a project's module: the rank constants come later
     if anchor is None:
         return
     choice = plan.options.amp
@@ -299,15 +299,3 @@ def _constants(tree: Tree, plan: Plan, edits: Edits) -> None:
     lines[0] = lines[0].with_changes(leading_lines=[cst.EmptyLine(), *lines[0].leading_lines])
     edits.after[anchor].extend(lines)
     plan.change(NAME, f"mixed precision on GPUs: {snippets.AMP_CHOICE[choice]}", "USE_AMP = ")
-
-
-def _last_import(tree: Tree) -> cst.BaseStatement | None:
-    last = None
-    for stmt in tree.module.body:
-        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
-            stmt.body[0], (cst.Import, cst.ImportFrom)
-        ):
-            last = stmt
-        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            break
-    return last

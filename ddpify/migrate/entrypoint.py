@@ -46,7 +46,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
             _remove_set_device(tree, plan, edits)
         return edits
     plan.needs |= {"os", "dist"}
-    anchor = _insertion_point(tree)
+    anchor = after_imports(tree)
     cuda = runs_on_cuda(tree)
     setup = [
         *snippets.statements(snippets.ENV_CONSTANTS, snippets.ENV_COMMENT),
@@ -86,7 +86,7 @@ def runs_on_cuda(tree: Tree) -> bool:
     return any(cuda_placement(t.nodes, t.qualify, t.parent) is not None for t in trees)
 
 
-def _insertion_point(tree: Tree) -> cst.BaseStatement | None:
+def after_imports(tree: Tree) -> cst.BaseStatement | None:
     """The last top-level import before the first function or class."""
     last = None
     for stmt in tree.module.body:

@@ -11,7 +11,12 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
-from ddpify.analysis.roles import project_optimizer_calls, stored_models, trained_model_names
+from ddpify.analysis.roles import (
+    class_of,
+    project_optimizer_calls,
+    stored_models,
+    trained_model_names,
+)
 from ddpify.analysis.trained import parameter_owners
 from ddpify.analysis.tree import Tree, mentions
 from ddpify.analysis.wrappers import innermost, records_gradients
@@ -400,18 +405,11 @@ def _binding(tree: Tree, target: str, near: cst.CSTNode) -> cst.BaseStatement | 
         return None
     same_scope = [s for s in candidates if tree.scope(s) is tree.scope(near)]
     if target.startswith("self."):
-        cls = _class_of(tree, near)
+        cls = class_of(tree, near)
         same_scope = [s for s in candidates if cls is not None and tree.inside(s, cls)]
     before = [s for s in same_scope if not tree.after(s, near)]
     chosen = (before or same_scope or candidates)[-1]
     return _climb_conditionals(tree, chosen)
-
-
-def _class_of(tree: Tree, node: cst.CSTNode) -> cst.ClassDef | None:
-    current = tree.parent.get(node)
-    while current is not None and not isinstance(current, cst.ClassDef):
-        current = tree.parent.get(current)
-    return current
 
 
 def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseStatement:
@@ -576,7 +574,7 @@ def _may_run_submodules(tree: Tree, attr: str) -> bool:
 def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:
     """`name.attr` nodes that run after `statement` wrapped `name`."""
     if name.startswith("self."):
-        container = _class_of(tree, statement) or tree.module
+        container = class_of(tree, statement) or tree.module
         helpers: set[str] = set()
     else:
         container = tree.scope(statement)
