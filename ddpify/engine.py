@@ -7,7 +7,7 @@ import io
 import re
 import tokenize
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -145,7 +145,9 @@ def parse_error(filename: str, message: str, row: int = 1, column: int = 1) -> D
     )
 
 
-def parse(text: str, filename: str) -> cst.Module | Diagnostic:
+def parse(
+    text: str, filename: str, parser: Callable[[str], cst.Module] | None = None
+) -> cst.Module | Diagnostic:
     if risky(text):  # let CPython's bounded parser refuse what would crash libcst's
         error = python_rejects(text, filename)
         if error is not None:
@@ -153,7 +155,7 @@ def parse(text: str, filename: str) -> cst.Module | Diagnostic:
                 filename, f"cannot parse: {error.msg}", error.lineno or 1, error.offset or 1
             )
     try:
-        return cst.parse_module(text)
+        return (parser or cst.parse_module)(text)
     except cst.ParserSyntaxError as exc:
         return _syntax_error(text, filename, exc)
     except (RecursionError, MemoryError, ValueError) as exc:
@@ -211,25 +213,46 @@ def _run_rules(
 
 
 def check_source(
-    text: str, filename: str, rule_types: Sequence[type[Rule]], *, force: bool = False
+    text: str,
+    filename: str,
+    rule_types: Sequence[type[Rule]],
+    *,
+    force: bool = False,
+    parser: Callable[[str], cst.Module] | None = None,
 ) -> FileResult:
-    """Lint one file's text. `force` parses even when the file never mentions torch.
+    """Lint one file's text. `force` parses even when the file never mentions torch;
+    `parser` replaces `libcst.parse_module` (the language server re-parses only what an
+    edit changed: ddpify/reparse.py); a syntax error still gets CPython's message.
 
     A file that crashes or stalls the parser becomes a DDP000 finding (see guarded.py)."""
     if not force and not mentions_torch(text):
         return FileResult(filename, skipped=True)
     try:
-        return guarded(_check_text, text, filename, rule_types)
+        return guarded(_check_text, text, filename, rule_types, parser)
     except GaveUp as exc:
         return FileResult(filename, [parse_error(filename, f"cannot analyse: {exc}")])
 
 
-def _check_text(text: str, filename: str, rule_types: Sequence[type[Rule]]) -> FileResult:
+def _check_text(
+    text: str,
+    filename: str,
+    rule_types: Sequence[type[Rule]],
+    parser: Callable[[str], cst.Module] | None = None,
+) -> FileResult:
     result = FileResult(filename)
-    module = parse(text, filename)
+    module = parse(text, filename, parser)
     if isinstance(module, Diagnostic):
         result.diagnostics.append(module)
         return result
+    return check_module(module, text, filename, rule_types)
+
+
+def check_module(
+    module: cst.Module, text: str, filename: str, rule_types: Sequence[type[Rule]]
+) -> FileResult:
+    """Lint a module already parsed from `text` (whose code it is): what `check_source`
+    finds in `text`, without parsing it again (migrate's gates parse the output once)."""
+    result = FileResult(filename)
     reports, parents = _run_rules(
         module, rule_types, result.crashes, filename, depends_on=result.depends_on
     )

@@ -26,9 +26,9 @@ class GateError(Exception):
         return (GateError, (self.pass_name, self.reason))
 
 
-def check_roundtrip(text: str) -> cst.Module:
+def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None) -> cst.Module:
     """The input must be Python that CPython compiles, and come back from libcst byte for
-    byte, or we must not touch it."""
+    byte, or we must not touch it. `render` renders the module (default `Module.code`)."""
     error = python_rejects(text, "<input>")
     if error is not None:
         where = f" (line {error.lineno})" if error.lineno else ""
@@ -37,17 +37,20 @@ def check_roundtrip(text: str) -> cst.Module:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         raise GateError("parse", f"input does not parse: {exc.message}") from None
-    if module.code != text:
+    if (module.code if render is None else render(module)) != text:
         raise GateError("parse", "input does not round-trip through libcst unchanged")
     return module
 
 
-def check_compiles(text: str, pass_name: str, filename: str = "<output>") -> None:
+def check_compiles(text: str, pass_name: str, filename: str = "<output>") -> cst.Module:
+    """The output must parse (libcst) and compile (CPython); returns the parsed module, so
+    that later gates (idempotency, check) need not parse it again."""
     try:
-        cst.parse_module(text)
+        module = cst.parse_module(text)
         compile(text, filename, "exec", dont_inherit=True)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
         raise GateError(pass_name, f"output does not compile: {exc}") from None
+    return module
 
 
 def comments(text: str) -> Counter[str]:

@@ -321,6 +321,8 @@ def _guard_between(parent: cst.CSTNode, child: cst.CSTNode) -> Scope | None:
         facts = _facts(parent.left)  # `is_main and log(x)`, `not is_main or log(x)`
         return _as_scope(facts.body if isinstance(parent.operator, cst.And) else facts.orelse)
     if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+        if len(parent.body) > _LONG_BLOCK:
+            return _exit_before_in_long_block(parent, child)
         for stmt in parent.body:
             if stmt is child:
                 break
@@ -331,6 +333,31 @@ def _guard_between(parent: cst.CSTNode, child: cst.CSTNode) -> Scope | None:
     if isinstance(parent, cst.FunctionDef):
         return _decorated_rank_zero(parent)
     return None
+
+
+_LONG_BLOCK = 32
+# Long block (by id, with the block kept alive) -> where its first early exit stands.
+_first_exits: dict[int, tuple[cst.CSTNode, dict[int, int], int, Scope | None]] = {}
+
+
+def _exit_before_in_long_block(block: cst.CSTNode, child: cst.CSTNode) -> Scope | None:
+    """`_guard_between` for a block of many statements (a module), without scanning the
+    block for each node asked about: rules and passes ask for every node of the file."""
+    known = _first_exits.get(id(block))
+    if known is None or known[0] is not block:
+        if len(_first_exits) >= 8:  # a few modules at a time: they are kept alive here
+            _first_exits.clear()
+        index = {id(stmt): i for i, stmt in enumerate(block.body)}
+        first, scope = len(block.body), None
+        for i, stmt in enumerate(block.body):
+            scope = _after_early_exit(stmt)
+            if scope is not None:
+                first = i
+                break
+        known = _first_exits[id(block)] = (block, index, first, scope)
+    _, index, first, scope = known
+    position = index.get(id(child), len(block.body))
+    return scope if first < position else None
 
 
 def rank_zero_scope(ancestors: Sequence[cst.CSTNode]) -> Scope | None:

@@ -16,6 +16,7 @@ import libcst as cst
 
 from ddpify.analysis.project import ProjectView
 from ddpify.analysis.tree import Tree
+from ddpify.codegen import ModuleText
 from ddpify.gates import (
     GateError,
     check_comments_kept,
@@ -73,16 +74,31 @@ def migrate_sources(
 
 def _migrate_guarded(_joined, texts, options, gates, passes) -> list[MigrationResult]:
     return _migrate_sources(
-        texts, options or Options(), gates, PASSES if passes is None else passes
+        texts, options or Options(), gates, PASSES if passes is None else passes, ModuleText()
     )
 
 
 def _migrate_sources(
-    texts: dict[str, str], options: Options, gates: bool, passes: Sequence[Pass]
+    texts: dict[str, str],
+    options: Options,
+    gates: bool,
+    passes: Sequence[Pass],
+    render: ModuleText,
+    parsed: list[cst.Module] | None = None,
 ) -> list[MigrationResult]:
+    """`render` renders modules (one per run: it remembers statements); `parsed`, the
+    modules of `texts` when a gate has parsed them already."""
     names = list(texts)
     several = len(names) > 1
-    modules = [_in_file(name, several, check_roundtrip, texts[name]) for name in names]
+    if parsed is None:
+        parsed = [
+            _in_file(name, several, check_roundtrip, texts[name], render.code) for name in names
+        ]
+    else:
+        for name, module in zip(names, parsed):
+            if render.code(module) != texts[name]:
+                _in_file(name, several, _not_roundtrip)
+    modules = parsed
     trees = link([Tree(module) for module in modules])
     stages = {name: [("input", texts[name])] for name in names}
     try:
@@ -91,7 +107,9 @@ def _migrate_sources(
             changed = False
             for index, name in enumerate(names):
                 tree, plan = trees[index], plans[index]
-                module, code = _in_file(name, several, _run_pass, pass_name, run, tree, plan)
+                module, code = _in_file(
+                    name, several, _run_pass, pass_name, run, tree, plan, render
+                )
                 if code is not None:
                     trees[index] = Tree(module)
                     changed = True
@@ -104,16 +122,17 @@ def _migrate_sources(
             for name in names
         ]
     results = []
+    outputs = []  # each output as libcst parses it (parsed once, for every gate)
     for name, plan in zip(names, plans):
         output = stages[name][-1][1]
         if gates:
-            _in_file(name, several, check_compiles, output, "output")
+            outputs.append(_in_file(name, several, check_compiles, output, "output"))
             _in_file(name, several, _gate_comments, stages[name])
         results.append(_result(name, texts[name], output, plan))
     if gates and any(result.changed for result in results):
-        _gate_idempotent(results, options, passes)
-        for name, result in zip(names, results):
-            _in_file(name, several, _gate_check, result)
+        _gate_idempotent(results, options, passes, render, outputs)
+        for name, result, module in zip(names, results, outputs):
+            _in_file(name, several, _gate_check, result, module)
     for result in results:
         result.locate()
     return results
@@ -138,14 +157,20 @@ def _in_file(name: str, several: bool, fn, *args):
         raise
 
 
-def _run_pass(name: str, run, tree: Tree, plan: Plan) -> tuple[cst.Module, str | None]:
+def _not_roundtrip() -> None:
+    raise GateError("parse", "input does not round-trip through libcst unchanged")
+
+
+def _run_pass(
+    name: str, run, tree: Tree, plan: Plan, render: ModuleText
+) -> tuple[cst.Module, str | None]:
     """The module after the pass, and its code (None: the pass changed nothing)."""
     try:
         edits = run(tree, plan)
         if not edits:
             return tree.module, None
         module = edits.apply(tree.module, tree.parent)
-        code = module.code
+        code = render.code(module)
     except NotMigrated:
         raise
     except Exception as exc:  # a bug in the pass: blame it, write nothing
@@ -196,9 +221,15 @@ def _gate_comments(stages: list[tuple[str, str]]) -> None:
     check_comments_kept(stages[0][1], stages[-1][1], "pipeline")
 
 
-def _gate_idempotent(results: list[MigrationResult], options: Options, passes) -> None:
+def _gate_idempotent(
+    results: list[MigrationResult],
+    options: Options,
+    passes,
+    render: ModuleText,
+    parsed: list[cst.Module],
+) -> None:
     outputs = {result.filename: result.output for result in results}
-    again = _migrate_sources(outputs, options, False, passes)
+    again = _migrate_sources(outputs, options, False, passes, render, parsed)
     for result, second in zip(results, again):
         if second.output != result.output:
             culprits = sorted({c.pass_name for c in second.changes}) or ["pipeline"]
@@ -209,15 +240,15 @@ def _gate_idempotent(results: list[MigrationResult], options: Options, passes) -
             )
 
 
-def _gate_check(result: MigrationResult) -> None:
+def _gate_check(result: MigrationResult, module: cst.Module) -> None:
     """`ddpify check` must not report a code the migration claims to fix where it fixed
     it. The same code at a site no pass touched (a shape the pass does not handle) is
     not a broken rewrite: the report lists it as needing a human."""
-    from ddpify.engine import check_source
+    from ddpify.engine import check_module
     from ddpify.rules import ALL_RULES
 
     claimed = result.fixed_codes
-    found = check_source(result.output, result.filename, ALL_RULES, force=True).diagnostics
+    found = check_module(module, result.output, result.filename, ALL_RULES).diagnostics
     left = [d for d in found if d.code in claimed]
     if not left:
         return

@@ -8,6 +8,8 @@ before rank 0 has written it.
 
 from __future__ import annotations
 
+import bisect
+
 import libcst as cst
 
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
@@ -177,16 +179,25 @@ def _after_rank(tree: Tree, stmt: cst.BaseStatement, rank: str) -> bool:
 def _runs(tree: Tree, effects: list[cst.BaseStatement]) -> list[list[cst.BaseStatement]]:
     """Consecutive side effects in the same block."""
     runs: list[list[cst.BaseStatement]] = []
+    taken: set[cst.CSTNode] = set()  # every statement of every run so far
     for stmt in effects:
-        if any(tree.inside(stmt, other) for r in runs for other in r):
+        if any(node in taken for node in tree.ancestors(stmt)):
             continue
+        taken.add(stmt)
         if runs and tree.block(runs[-1][-1]) is tree.block(stmt):
-            body = list(tree.block(stmt).body)
-            if body.index(stmt) == body.index(runs[-1][-1]) + 1:
+            if _next_to(tree.block(stmt).body, runs[-1][-1], stmt):
                 runs[-1].append(stmt)
                 continue
         runs.append([stmt])
     return runs
+
+
+def _next_to(body, previous: cst.BaseStatement, stmt: cst.BaseStatement) -> bool:
+    """Whether `stmt` follows `previous` directly in `body` (by identity, like index)."""
+    for index, item in enumerate(body):
+        if item is previous:
+            return index + 1 < len(body) and body[index + 1] is stmt
+    return False
 
 
 # -- guarding ---------------------------------------------------------------------------
@@ -253,14 +264,20 @@ def _barriers(tree: Tree, plan: Plan, edits: Edits) -> None:
     saves = tree.calls_to("torch.save")
     if not saves:
         return
-    barriers = tree.find(cst.Call, lambda c: method_name(c) == "barrier")
+    barriers = [tree.order[b] for b in tree.find(cst.Call, lambda c: method_name(c) == "barrier")]
+    saves_in: dict[cst.CSTNode, list[int]] = {}  # scope -> its saves' positions, in order
+    for save in saves:
+        saves_in.setdefault(tree.scope(save), []).append(tree.order[save])
     done = set()
     for load in tree.calls_to("torch.load"):
-        scope = tree.scope(load)
-        earlier = [s for s in saves if tree.scope(s) is scope and tree.after(load, s)]
+        at = tree.order[load]
+        in_scope = saves_in.get(tree.scope(load), [])
+        earlier = bisect.bisect_left(in_scope, at)  # how many of them come before the load
         if not earlier or rank_zero_scope(tree.ancestors(load)) is not None:
             continue
-        if any(tree.after(b, earlier[-1]) and tree.after(load, b) for b in barriers):
+        last_save = in_scope[earlier - 1]
+        # A barrier between that save and the load already waits.
+        if bisect.bisect_right(barriers, last_save) < bisect.bisect_left(barriers, at):
             continue
         statement = tree.statement(load)
         if statement in done:

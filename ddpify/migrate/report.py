@@ -7,6 +7,7 @@ for bugs.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import math
 from dataclasses import dataclass, field
@@ -76,20 +77,33 @@ class MigrationResult:
     def locate(self) -> None:
         """Give every change and human item a line of the output, found from its anchor."""
         lines = [line.strip() for line in self.output.splitlines()]
+        # Line -> its indices, and how far each anchor's claimed matches reach: a file
+        # with thousands of changes is located in one pass over its lines, not one each.
+        exact: dict[str, list[int]] = {}
+        for i, line in enumerate(lines):
+            exact.setdefault(line, []).append(i)
+        cursor: dict[str, int] = {}
         claimed: set[int] = set()
+        within = _Substrings(lines)
+        moved = _LineMover(self.original, self.output)
         for item in [*self.changes, *self.needs_human]:
             if item.anchor is None or item.line is not None:
                 continue
             anchor = item.anchor.strip()
-            matches = [i for i, line in enumerate(lines) if line == anchor] or [
-                i for i, line in enumerate(lines) if anchor and anchor in line
-            ]
-            free = [i for i in matches if i not in claimed] or matches
-            if free:
-                claimed.add(free[0])
-                item.line = free[0] + 1
+            matches = exact.get(anchor)
+            if matches:
+                start = cursor.get(anchor, 0)
+                while start < len(matches) and matches[start] in claimed:
+                    start += 1
+                cursor[anchor] = start
+                found = matches[start] if start < len(matches) else matches[0]
+            else:
+                found = within.first(anchor, claimed)
+            if found is not None:
+                claimed.add(found)
+                item.line = found + 1
             else:  # the migration rewrote the anchor's line: find it in the original
-                item.line = _output_line(self.original, self.output, anchor)
+                item.line = moved.line(anchor)
         self.changes.sort(key=lambda c: c.line or 0)
         self.needs_human.sort(key=lambda h: h.line or 0)
 
@@ -134,20 +148,65 @@ class MigrationResult:
             write(f"Sharding: {self.hand_made}.\n")
 
 
-def _output_line(original: str, output: str, anchor: str) -> int | None:
-    """The output line that stands where `anchor`'s line of the original stood: the line
-    itself when it survived, else the first line of the hunk that replaced it."""
-    before = [line.strip() for line in original.splitlines()]
-    index = next((i for i, line in enumerate(before) if anchor and anchor in line), None)
-    if index is None:
+class _Substrings:
+    """The first line containing an anchor that no other item claimed (else the first
+    line containing it): one search of the joined text per anchor, resumed where the
+    last search for the same anchor stopped (claimed lines stay claimed)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.text = "\n".join(lines)
+        self.starts = [0]
+        for line in lines[:-1]:
+            self.starts.append(self.starts[-1] + len(line) + 1)
+        self.resume: dict[str, int] = {}
+
+    def first(self, anchor: str, claimed: set[int]) -> int | None:
+        if not anchor or "\n" in anchor:
+            return None
+        at = self.resume.get(anchor, 0)
+        while True:
+            found = self.text.find(anchor, at)
+            if found < 0:
+                first = self.text.find(anchor)
+                return None if first < 0 else bisect.bisect_right(self.starts, first) - 1
+            line = bisect.bisect_right(self.starts, found) - 1
+            if line not in claimed:
+                self.resume[anchor] = self.starts[line]
+                return line
+            at = self.starts[line + 1] if line + 1 < len(self.starts) else len(self.text) + 1
+
+
+class _LineMover:
+    """The output line that stands where an anchor's line of the original stood: the line
+    itself when it survived, else the first line of the hunk that replaced it. The diff
+    is computed once, when the first anchor needs it."""
+
+    def __init__(self, original: str, output: str) -> None:
+        self.original = original
+        self.output = output
+        self._before: list[str] | None = None
+        self._opcodes: list | None = None
+
+    def line(self, anchor: str) -> int | None:
+        if self._before is None:
+            self._before = [line.strip() for line in self.original.splitlines()]
+        index = next((i for i, line in enumerate(self._before) if anchor and anchor in line), None)
+        if index is None:
+            return None
+        if self._opcodes is None:
+            after = [line.strip() for line in self.output.splitlines()]
+            matcher = difflib.SequenceMatcher(None, self._before, after, autojunk=False)
+            self._opcodes = matcher.get_opcodes()
+        for _tag, i1, i2, j1, j2 in self._opcodes:
+            if i1 <= index < i2:
+                return min(j1 + (index - i1), max(j2 - 1, j1)) + 1
         return None
-    after = [line.strip() for line in output.splitlines()]
-    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
-    for _tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if i1 <= index < i2:
-            return min(j1 + (index - i1), max(j2 - 1, j1)) + 1
-    return None
 
 
 def _line(line: int | None) -> str:
     return f"line {line:>4}:" if line else "          "
+
+
+def _output_line(original: str, output: str, anchor: str) -> int | None:
+    """`_LineMover` for one anchor."""
+    return _LineMover(original, output).line(anchor)

@@ -1,0 +1,51 @@
+"""A module's code, rendered once per top-level statement.
+
+Migrate passes rebuild only the statements they edit (ddpify/migrate/edits.py): every
+other top-level statement of the new module is the same object as before. `ModuleText`
+remembers the code of each statement it rendered, so rendering the module after a pass
+costs what the pass changed, not the file (libcst's `Module.code` renders every node).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+
+class ModuleText:
+    """Renders modules like `Module.code`, reusing the code of statements already seen.
+
+    Holds the statements it rendered (their identity is the key), so keep one per run,
+    not for the life of the process."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[cst.CSTNode, tuple[str, str], str]] = {}
+
+    def code(self, module: cst.Module) -> str:
+        if not module.has_trailing_newline or not (module.header or module.body or module.footer):
+            return module.code  # libcst trims or adds the last newline: let it
+        style = (module.default_indent, module.default_newline)
+        parts = [self._node(module, node, style) for node in module.header]
+        parts += [self._node(module, node, style) for node in module.body]
+        parts += [self._node(module, node, style) for node in module.footer]
+        return "".join(parts)
+
+    def code_of(self, module: cst.Module, node: cst.CSTNode) -> str:
+        """The code of one top-level node (statement, header or footer line) of `module`."""
+        return self._node(module, node, (module.default_indent, module.default_newline))
+
+    def keep_only(self, module: cst.Module) -> None:
+        """Forget every node but `module`'s own top-level ones (a long editing session
+        would otherwise keep every statement it ever rendered)."""
+        if len(self._seen) > 2 * (len(module.body) + len(module.header) + len(module.footer)) + 64:
+            current = {id(node) for node in (*module.header, *module.body, *module.footer)}
+            self._seen = {key: value for key, value in self._seen.items() if key in current}
+
+    def _node(self, module: cst.Module, node: cst.CSTNode, style: tuple[str, str]) -> str:
+        seen = self._seen.get(id(node))
+        if seen is not None and seen[0] is node and seen[1] == style:
+            return seen[2]
+        # A top-level node renders at indentation zero: its code does not depend on what
+        # comes before it, only on the module's indentation and newline.
+        code = module.code_for_node(node)
+        self._seen[id(node)] = (node, style, code)
+        return code
