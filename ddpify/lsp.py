@@ -24,6 +24,7 @@ from ddpify.docs import rule_page
 from ddpify.fixes import fix_until_stable
 from ddpify.gates import GateError
 from ddpify.output.links import rule_url
+from ddpify.reparse import Reparser
 
 try:  # pygls 2
     from pygls.lsp.server import LanguageServer
@@ -83,6 +84,8 @@ class DdpifyServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__("ddpify", __version__)
         self.linted: dict[str, Linted] = {}
+        # Each open document's last parse: an edit re-parses the statements it touched.
+        self.reparsers: dict[str, Reparser] = {}
 
     @property
     def positions(self) -> PositionConverter:
@@ -109,8 +112,11 @@ class DdpifyServer(LanguageServer):
             self.tell(f"ddpify: {exc}; using the default rules", lsp.MessageType.Warning)
             config = Config()
             rules = config.rules()
-        found = engine.check_source(text, path, rules, force=True).diagnostics
-        linted = Linted(text, engine.physical_lines(text), config.filter(found, path), config)
+        reparser = self.reparsers.setdefault(uri, Reparser())
+        found = engine.check_source(text, path, rules, force=True, parser=reparser.parse)
+        linted = Linted(
+            text, engine.physical_lines(text), config.filter(found.diagnostics, path), config
+        )
         self.linted[uri] = linted
         return linted
 
@@ -254,6 +260,7 @@ def create_server() -> DdpifyServer:
     @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DdpifyServer, params: lsp.DidCloseTextDocumentParams) -> None:
         ls.linted.pop(params.text_document.uri, None)
+        ls.reparsers.pop(params.text_document.uri, None)
         ls.publish(params.text_document.uri, [])
 
     @server.feature(

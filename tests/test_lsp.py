@@ -328,3 +328,84 @@ def test_missing_pygls_is_a_clear_error(tmp_path):
     assert result.returncode == 2
     assert "pip install 'ddpify[lsp]'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+BUGGY = Path(__file__).resolve().parent.parent / "fixtures" / "examples" / "buggy_train.py"
+
+
+def _edits_of_a_session(text: str) -> list[str]:
+    """What typing in a real script looks like: texts after each keystroke-sized edit."""
+    steps = []
+    text = text.replace("    scaler = torch.cuda.amp.GradScaler()\n", "")  # delete a line
+    steps.append(text)
+    update = "            scaler.update()\n"
+    text = text.replace(update, update + "            # note\n")
+    steps.append(text)
+    text = text.replace("dist.barrier()", "dist.barrier(")
+    steps.append(text)  # a syntax error while typing
+    text = text.replace("dist.barrier(\n", "dist.barrier()\n")
+    steps.append(text)
+    text = text.replace("class ConvNet", "LOG_EVERY = 10\n\n\nclass ConvNet")  # a new statement
+    steps.append(text)
+    text = text.replace(
+        '        print(f"epoch', '        torch.save(model, "last.pt")\n        print(f"epoch'
+    )
+    steps.append(text)
+    text = text.replace('"nccl"', '"gloo"') + "\n# the end\n"  # two places at once
+    steps.append(text)
+    return steps
+
+
+def test_diagnostics_after_edits_match_a_cold_check_of_the_same_text(tmp_path):
+    """The server re-parses only what each edit changed; what it publishes must be what
+    `ddpify check` says about the same text, after every edit."""
+    from ddpify import engine
+    from ddpify.config import load_config
+
+    path = tmp_path / "train.py"
+    text = BUGGY.read_text()
+    path.write_text(text)
+    config = load_config(start=tmp_path)
+
+    def cold(text: str) -> list[tuple]:
+        found = engine.check_source(text, str(path), config.rules(), force=True).diagnostics
+        return sorted(
+            (d.code, d.location.row - 1, d.location.column - 1, d.end_location.row - 1, d.message)
+            for d in config.filter(found, str(path))
+        )
+
+    def published(params: dict) -> list[tuple]:
+        return sorted(
+            (
+                d["code"],
+                d["range"]["start"]["line"],
+                d["range"]["start"]["character"],
+                d["range"]["end"]["line"],
+                d["message"],
+            )
+            for d in params["diagnostics"]
+        )
+
+    client = start_server(tmp_path)
+    uri = path.as_uri()
+    client.notify(
+        "textDocument/didOpen",
+        {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": text}},
+    )
+    first = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] == uri)
+    assert published(first) == cold(text) and len(first["diagnostics"]) >= 5
+    seen_codes = set()
+    for version, edited in enumerate(_edits_of_a_session(text), start=2):
+        client.notify(
+            "textDocument/didChange",
+            {
+                "textDocument": {"uri": uri, "version": version},
+                "contentChanges": [{"text": edited}],
+            },
+        )
+        params = client.wait_for("textDocument/publishDiagnostics", lambda p: p["uri"] == uri)
+        assert published(params) == cold(edited), f"after edit {version - 1}"
+        seen_codes |= {d["code"] for d in params["diagnostics"]}
+    assert "DDP000" in seen_codes  # the syntax error was reported, then went away
+    assert "DDP000" not in {d["code"] for d in params["diagnostics"]}
+    assert client.close() == 0
