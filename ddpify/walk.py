@@ -62,14 +62,26 @@ def _child_fields(node_type: type) -> tuple[str, ...]:
     return names
 
 
+# type -> whether it is a CSTNode: `isinstance(x, cst.CSTNode)` goes through ABCMeta's
+# check, and this runs for every field of every node of every walk.
+_node_types: dict[type, bool] = {}
+
+
+def _is_node(value_type: type) -> bool:
+    known = _node_types.get(value_type)
+    if known is None:
+        known = _node_types[value_type] = issubclass(value_type, cst.CSTNode)
+    return known
+
+
 def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     for name in _child_fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        if _is_node(type(value)):
             yield value
         elif isinstance(value, (tuple, list)):
             for item in value:
-                if isinstance(item, cst.CSTNode):
+                if _is_node(type(item)):
                     yield item
 
 

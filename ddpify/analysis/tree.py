@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ddpify.analysis.project import ProjectView
 
 BLOCKS = (cst.Module, cst.IndentedBlock)
+_IMPORTS = (cst.Import, cst.ImportFrom)
 SCOPES = (cst.Module, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
@@ -28,6 +29,7 @@ class Tree:
         self.order: dict[cst.CSTNode, int] = {}
         self.nodes: list[cst.CSTNode] = []
         self._by_kind: dict[type, list[cst.CSTNode]] = {}
+        self._types: set[type] | None = None
         self.imports = ImportMap()
         # What the roles analysis searches: this tree, or every module of its project.
         self.view: Tree | ProjectView = self
@@ -42,7 +44,7 @@ class Tree:
                 self.parent[node] = parent
             self.order[node] = len(self.nodes)
             self.nodes.append(node)
-            if isinstance(node, (cst.Import, cst.ImportFrom)):
+            if type(node) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
                 self.imports.add(node)
             stack.extend((child, node) for child in reversed(list(children(node))))
 
@@ -110,7 +112,11 @@ class Tree:
         # Passes ask many times per tree; one scan per kind, kept for the tree's life.
         found = self._by_kind.get(kind)
         if found is None:
-            found = self._by_kind[kind] = [n for n in self.nodes if isinstance(n, kind)]
+            # By exact type (a set lookup), not isinstance (ABCMeta's check, per node).
+            if self._types is None:
+                self._types = {type(n) for n in self.nodes}
+            kinds = {t for t in self._types if issubclass(t, kind)}
+            found = self._by_kind[kind] = [n for n in self.nodes if type(n) in kinds]
         return found
 
     def calls_to(self, *names: str) -> list[cst.Call]:
