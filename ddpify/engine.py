@@ -18,6 +18,7 @@ from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalFunction, LocalFunctions
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
+from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, guarded, python_rejects, risky
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
@@ -239,12 +240,11 @@ def _check_text(
     rule_types: Sequence[type[Rule]],
     parser: Callable[[str], cst.Module] | None = None,
 ) -> FileResult:
-    result = FileResult(filename)
-    module = parse(text, filename, parser)
-    if isinstance(module, Diagnostic):
-        result.diagnostics.append(module)
-        return result
-    return check_module(module, text, filename, rule_types)
+    with fewer_collections():
+        module = parse(text, filename, parser)
+        if isinstance(module, Diagnostic):
+            return FileResult(filename, [module])
+        return check_module(module, text, filename, rule_types)
 
 
 def check_module(

@@ -24,6 +24,7 @@ from ddpify.gates import (
     check_roundtrip,
     comments,
 )
+from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, guarded
 from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wrap
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze_project
@@ -73,9 +74,10 @@ def migrate_sources(
 
 
 def _migrate_guarded(_joined, texts, options, gates, passes) -> list[MigrationResult]:
-    return _migrate_sources(
-        texts, options or Options(), gates, PASSES if passes is None else passes, ModuleText()
-    )
+    with fewer_collections():
+        return _migrate_sources(
+            texts, options or Options(), gates, PASSES if passes is None else passes, ModuleText()
+        )
 
 
 def _migrate_sources(
