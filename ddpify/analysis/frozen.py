@@ -87,3 +87,26 @@ def may_switch_off(value: cst.BaseExpression | None) -> bool:
     if value is None:
         return False
     return not (isinstance(value, cst.Name) and value.value == "True")
+
+
+def freezes_part(owner: cst.BaseExpression, ancestors: Sequence[cst.CSTNode], wrap: Wrap) -> bool:
+    """Whether switching off `owner`'s gradients leaves others of the wrapped model on.
+
+    DDP only stops when some parameters get gradients and others do not: a model frozen
+    whole (`for p in teacher.parameters(): p.requires_grad = False`, an EMA teacher that
+    never runs a backward) finishes no reduction and starts none. So: a submodule
+    (`model.module.backbone`), or a loop over the parameters that picks some under an
+    `if` or iterates a submodule's."""
+    whole = {name for name in (wrap.target, wrap.inner) if name is not None}
+    whole |= {f"{name}.module" for name in whole}
+    name = dotted(owner)
+    if name is None:
+        return False
+    head = name.split(".")[0]
+    for index in range(len(ancestors) - 1, -1, -1):
+        loop = ancestors[index]
+        if isinstance(loop, cst.For) and head in loop_targets(loop.target):
+            if not iterated_models(loop.iter) <= whole:
+                return True  # `for p in model.module.encoder.parameters()`
+            return any(isinstance(node, cst.If) for node in ancestors[index + 1 :])
+    return name not in whole

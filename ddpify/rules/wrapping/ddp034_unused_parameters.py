@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.frozen import may_switch_off, model_roots, wrap_before
+from ddpify.analysis.frozen import freezes_part, may_switch_off, model_roots, wrap_before
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.wrappers import Place, Wrap
@@ -46,8 +46,9 @@ class UnusedParameters(WrapperRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.classes: dict[str, cst.ClassDef] = {}
-        # `requires_grad` switched off somewhere: (the node, its place, the model names).
-        self.freezes: list[tuple[cst.CSTNode, Place, frozenset[str]]] = []
+        # `requires_grad` switched off somewhere: (the node, whose parameters, its place,
+        # the model names it reaches).
+        self.freezes: list[tuple[cst.CSTNode, cst.BaseExpression, Place, frozenset[str]]] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.setdefault(node.name.value, node)
@@ -68,7 +69,7 @@ class UnusedParameters(WrapperRule):
     def _add_freeze(self, node: cst.CSTNode, owner: cst.BaseExpression) -> None:
         roots = model_roots(owner, self.context.ancestors)
         if roots:
-            self.freezes.append((node, self.place(), roots))
+            self.freezes.append((node, owner, self.place(), roots))
 
     def leave_Module(self, node: cst.Module) -> None:
         if not self.speaks():
@@ -89,10 +90,12 @@ class UnusedParameters(WrapperRule):
     def _check_frozen_after_wrap(self) -> None:
         """Parameters switched off after the wrap: DDP still waits for their gradients."""
         reported: set[int] = set()
-        for node, place, roots in self.freezes:
+        for node, owner, place, roots in self.freezes:
             wrap = wrap_before(self.wrappers, roots, place)
             if wrap is None or id(wrap.call) in reported:
                 continue
+            if not freezes_part(owner, place.ancestors, wrap):
+                continue  # frozen whole, nothing gets a gradient: no reduction to finish
             if find_arg(wrap.call, "find_unused_parameters") is not None:
                 continue
             reported.add(id(wrap.call))
