@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from ddpify.walk import children, walk
 
 # Names of tests that choose between the distributed and the single-process path.
 _DISTRIBUTED = re.compile(r"distributed|ddp|world_size|rank|is_initialized|parallel", re.I)
+# `print(model)`, `len(loader)`: never a function of the file (checked first, it is cheap).
+_BUILTINS = frozenset(dir(builtins))
 # Tests under which an attribute read is deliberate: `hasattr(model, "module")` ...
 _INTROSPECTION = frozenset({"hasattr", "getattr", "isinstance", "type"})
 
@@ -62,7 +65,7 @@ class WrapperAttributeAccess(WrapperRule):
         self.accesses.append(_Access(node, self.place()))
 
     def on_call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name):
+        if isinstance(node.func, cst.Name) and node.func.value not in _BUILTINS:
             for index, arg in enumerate(node.args):
                 if not arg.star and dotted(arg.value) is not None:
                     self.passed.append((node, index, arg, self.place()))
