@@ -629,3 +629,41 @@ def collect(module: cst.Module) -> LoaderFacts:
     collector = _Collector(LoaderFacts(ScriptModel(imports)))
     walk(module, collector.enter, collector.leave)
     return collector.facts
+
+
+# -- samplers a project writes itself ------------------------------------------------------
+
+# An argument that seeds a sampler's shuffling: by keyword (`seed=`, `generator=`, `rng=`)
+# or, positionally, through a name that says so (`np_rng`, `sampler_seed`).
+_SEED_WORD = re.compile(r"seed|rng|generator|random_state", re.I)
+_TORCH_DATA = "torch.utils.data."
+
+
+def project_samplers(model: ScriptModel) -> list[cst.Call]:
+    """Calls that build a sampler class of the project's own (`BucketingSampler(...)`,
+    `samplers.DistributedGroupSampler(...)`), not one of torch.utils.data's."""
+    found: dict[int, cst.Call] = {}
+    for name, calls in (*model.calls.items(), *model.method_calls.items()):
+        if not name.rsplit(".", 1)[-1].endswith("Sampler"):
+            continue
+        for call in calls:
+            qualified = model.imports.qualify(call.func) or ""
+            if not qualified.startswith(_TORCH_DATA):
+                found.setdefault(id(call), call)
+    return list(found.values())
+
+
+def seed_arguments(call: cst.Call) -> list[cst.Arg]:
+    """The arguments of `call` that seed its randomness, by keyword or by name."""
+    seeds = []
+    for arg in call.args:
+        if arg.star:
+            continue
+        if arg.keyword is not None:
+            if _SEED_WORD.search(arg.keyword.value):
+                seeds.append(arg)
+            continue
+        name = dotted(arg.value)
+        if name is not None and _SEED_WORD.search(name.rsplit(".", 1)[-1]):
+            seeds.append(arg)
+    return seeds

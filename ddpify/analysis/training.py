@@ -18,7 +18,7 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.values import per_process_source
+from ddpify.analysis.values import mentions_world_size, per_process_source
 from ddpify.walk import children, walk
 
 Ancestors = tuple[cst.CSTNode, ...]
@@ -201,6 +201,32 @@ def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
             found.append(
                 ShardedLoader(call, targets.get(id(call)), dataset, batch.value if batch else None)
             )
+    return found
+
+
+# A hand-written loader's class name (`DistributedDataLoader`, `TokenStream`).
+_STREAM_CLASS = re.compile(r"loader|stream|iterator", re.I)
+
+
+def rank_sharded_streams(model: ScriptModel) -> set[str]:
+    """Names bound to a loader class of the project's own that is given both the rank
+    and the world size (`DistributedDataLoader(path, B, T, rank, world_size)`): each
+    rank reads its own part of the data, as with a DistributedSampler."""
+    found = set()
+    for target, values in model.bindings.items():
+        for value in values:
+            call = unwrap_call_chain(value)
+            name = dotted(call.func) if call is not None else None
+            if name is None or not _STREAM_CLASS.search(name.rsplit(".", 1)[-1]):
+                continue
+            if (model.imports.qualify(call.func) or "").startswith("torch."):  # type: ignore[union-attr]
+                continue  # torch's DataLoader is sharded by its sampler, if at all
+            args = [arg.value for arg in call.args if not arg.star]  # type: ignore[union-attr]
+            by_rank = any(
+                per_process_source(arg, model.imports, model.bindings) == "the rank" for arg in args
+            )
+            if by_rank and any(mentions_world_size(arg) for arg in args):
+                found.add(target)
     return found
 
 

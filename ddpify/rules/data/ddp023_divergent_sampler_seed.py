@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.loaders import DISTRIBUTED_SAMPLER, sampler_seed
-from ddpify.analysis.values import per_process_source
+from ddpify.analysis.loaders import (
+    DISTRIBUTED_SAMPLER,
+    project_samplers,
+    sampler_seed,
+    seed_arguments,
+)
+from ddpify.analysis.values import mentions_world_size, per_process_source
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix, Rule
 
@@ -37,6 +42,31 @@ class DivergentSamplerSeed(Rule):
                     _message(self.context.code(seed.value), source),
                     fix=self._fix(seed),
                 )
+        self._check_project_samplers()
+
+    def _check_project_samplers(self) -> None:
+        """A sampler class of the project's own that is told the world size (so it splits
+        the data between the ranks) and seeded per rank: `BucketingSampler(n, batch *
+        world_size, epochs, rng)` with `rng = np.random.default_rng(seed + local_rank)`.
+        Every rank then orders the data its own way before taking its share."""
+        model = self.context.model
+        for call in project_samplers(model):
+            if not any(mentions_world_size(arg.value) for arg in call.args):
+                continue  # a sampler that does not split the data may well differ per rank
+            for seed in seed_arguments(call):
+                source = per_process_source(seed.value, model.imports, model.bindings)
+                if source is not None:
+                    self.report(
+                        seed,
+                        _project_message(
+                            self.context.code(call.func),
+                            seed,
+                            source,
+                            self.context.code(seed.value),
+                        ),
+                        severity=Severity.WARNING,  # what the sampler does is inferred
+                    )
+                    break
 
     def _fix(self, seed: cst.Arg) -> NodeFix | None:
         """Keep the part of the seed that every rank shares (`args.seed` of `args.seed +
@@ -67,6 +97,16 @@ class DivergentSamplerSeed(Rule):
 
 def _bare(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, (cst.Name, cst.Attribute, cst.Integer))
+
+
+def _project_message(sampler: str, seed: cst.Arg, source: str, shown: str) -> str:
+    what = f"`{seed.keyword.value}={shown}`" if seed.keyword is not None else f"`{shown}`"
+    return (
+        f"{what}, which seeds `{sampler}`, depends on {source}, while the sampler splits the "
+        "data between the ranks: each rank orders the data its own way before taking its "
+        "share, so the shares overlap and some samples are never seen; seed it alike on "
+        "every rank"
+    )
 
 
 def _message(seed: str, source: str) -> str:

@@ -1,9 +1,12 @@
 """DDP054: a metric summed over a sharded loader is logged without a reduction.
 
-A value accumulated in a loop over a loader that a DistributedSampler shards
-(`correct += ...`, `meter.update(...)`, `preds.append(...)`), or computed from such a
-value, is this rank's share of the data. Logged (print, logger, writer, wandb) without
-passing through a collective or a helper named for reducing, it is reported: a warning
+A value accumulated (`correct += ...`, `meter.update(...)`, `preds.append(...)`) in a
+loop over a loader that a DistributedSampler shards, or in an evaluation loop drawing
+batches by hand from a loader of the script's own given the rank and world size
+(`for _ in range(n): x, y = val_loader.next_batch()`), or computed from such a value,
+is this rank's share of the data. Logged (print, logger, writer, wandb) without
+passing through a collective or a helper named for reducing (rank-0 printing helpers
+such as `print0` count as logging), it is reported: a warning
 for evaluation (the loop runs under `no_grad`/`inference_mode`, or its loader or
 function reads as validation), info for a training loss, which many scripts log from
 rank 0 on purpose. A value returned from the loop's function is followed to the callers
@@ -26,6 +29,7 @@ from ddpify.analysis.training import (
     loop_facts_for,
     names_of,
     own_nodes,
+    rank_sharded_streams,
     reduced_names,
     sharded_loaders,
     walk_subtree,
@@ -50,6 +54,7 @@ _TRACKERS = {"add_scalar", "add_scalars", "log_metric", "log_metrics", "log_dict
 _EVAL_WORD = re.compile(
     r"(^|_)(val|valid|validate|validation|test|eval|evaluate|evaluation|dev)($|_)"
 )
+_RANK_ZERO_LOG = re.compile(r"(print|log)_?(0|rank_?0|rank_?zero|master|main)$")
 _NO_GRAD = {"no_grad", "inference_mode"}
 _GATHERING = {"append", "extend", "update"}
 _PROGRESS = re.compile(r"bar|progress|tqdm", re.I)  # `preds.append(...)`, `meter.update(...)`
@@ -93,6 +98,7 @@ class UnreducedMetrics(Rule):
         if model.framework is not None or not model.is_distributed or not self.loops.loops:
             return
         loaders = {loader.target for loader in sharded_loaders(model) if loader.target}
+        loaders |= rank_sharded_streams(model)
         if not loaders:
             return
         reduced: set[str] | None = None
@@ -119,7 +125,12 @@ class UnreducedMetrics(Rule):
         over = sorted(iterated & loaders)
         function = loop.function()
         if not over and not (function and iterated & _parameters(function)):
-            return None  # cheap tests first: most loops run over `range(epochs)`
+            # `for _ in range(n): x, y = val_loader.next_batch()`: batches drawn by hand.
+            over = _drawn_from(loop.node, loaders)
+            if not over:
+                return None  # cheap tests first: most loops run over `range(epochs)`
+            if not _is_evaluation(loop, over[0]):
+                return None  # a training loop's own sums are timings and counters too
         accumulators = _accumulators(loop.node)
         if not accumulators:
             return None
@@ -177,14 +188,19 @@ class UnreducedMetrics(Rule):
                     targets.update(_target_names(target.target))
         return targets
 
+    def _splitter(self, metrics: _Metrics) -> str:
+        if metrics.loader in rank_sharded_streams(self.context.model):
+            return "the loader, given the rank and world size, splits it"
+        return "a DistributedSampler splits it"
+
     def _report(self, call: cst.Call, names: set[str], metrics: _Metrics) -> None:
         shown = ", ".join(f"`{name}`" for name in sorted(names)[:3])
         sums = ", ".join(f"`{name}`" for name in metrics.accumulators[:3])
         where = f"`{metrics.loader}`"
         if metrics.evaluation:
             message = (
-                f"{shown} comes from this rank's shard of {where} (a DistributedSampler "
-                f"splits it), but is logged as the whole dataset's; all-reduce {sums} "
+                f"{shown} comes from this rank's shard of {where} ({self._splitter(metrics)}), "
+                f"but is logged as the whole dataset's; all-reduce {sums} "
                 "(`dist.all_reduce`) on every rank before computing it"
             )
             self.report(call, message)
@@ -199,6 +215,24 @@ class UnreducedMetrics(Rule):
 def _last(expr: cst.BaseExpression) -> str:
     name = dotted(expr)
     return name.rsplit(".", 1)[-1] if name else ""
+
+
+def _drawn_from(loop: cst.For, loaders: set[str]) -> list[str]:
+    """Loaders the loop body draws batches from by hand: `loader.next_batch()`,
+    `next(loader)`."""
+    found = set()
+    for node in own_nodes(loop.body):
+        if not isinstance(node, cst.Call):
+            continue
+        if isinstance(node.func, cst.Attribute):
+            receiver = dotted(node.func.value)
+        elif isinstance(node.func, cst.Name) and node.func.value == "next" and node.args:
+            receiver = dotted(node.args[0].value)
+        else:
+            continue
+        if receiver in loaders:
+            found.add(receiver)
+    return sorted(found)
 
 
 def _accumulators(loop: cst.For) -> list[str]:
@@ -259,7 +293,7 @@ def _target_names(target: cst.BaseExpression) -> list[str]:
 def _log_calls(scope: cst.CSTNode, family: set[str]) -> list[tuple[cst.Call, set[str]]]:
     found = []
     for node in walk_subtree(scope):
-        if not isinstance(node, cst.Call) or _last(node.func) not in _LOG_CALLS:
+        if not isinstance(node, cst.Call) or not _is_log_call(node):
             continue
         shown = set()
         for arg in node.args:
@@ -267,6 +301,13 @@ def _log_calls(scope: cst.CSTNode, family: set[str]) -> list[tuple[cst.Call, set
         if shown and not any(mentions_rank(arg.value) for arg in node.args):
             found.append((node, shown))
     return found
+
+
+def _is_log_call(call: cst.Call) -> bool:
+    """`print`, `logger.info`, `writer.add_scalar`, and the rank-0 printing helpers
+    scripts define (`print0`, `print_rank_0`, `log_master`)."""
+    last = _last(call.func)
+    return last in _LOG_CALLS or bool(_RANK_ZERO_LOG.match(last))
 
 
 def _returns(function: cst.FunctionDef, family: set[str]) -> bool:

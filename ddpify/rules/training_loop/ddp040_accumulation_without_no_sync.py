@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.accumulation import Phase, counted_by_hand, step_phases, synced_phase
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.training import (
     DDP,
@@ -69,6 +70,9 @@ class AccumulationWithoutNoSync(LoopRule):
             self._feed(node)
 
     def leave_Module(self, node: cst.Module) -> None:
+        # The author's own `no_sync` test is wrong or right whatever else the file
+        # imports (an optional DeepSpeed backend does not make this DDP code go away).
+        self._check_sync_phase(node)
         model = self.context.model
         if not model.method_calls.get("backward") or not self.applies():
             return
@@ -164,6 +168,28 @@ class AccumulationWithoutNoSync(LoopRule):
                 return "contextlib.nullcontext", (statement, flattened)
         return None, None
 
+    # -- no_sync on the wrong micro-step --------------------------------------------
+
+    def _check_sync_phase(self, module: cst.Module) -> None:
+        """`model.no_sync if i % accum != 0 else nullcontext` while the optimizer steps
+        when `(i + 1) % accum == 0`: the micro-step that all-reduces is not the one the
+        optimizer steps after, so it applies gradients that differ between ranks."""
+        model = self.context.model
+        mentions = [m for m in self.loops.no_sync if m.node.attr.value == "no_sync"]
+        synced = [(m, synced_phase(m.ancestors, model)) for m in mentions]
+        synced = [(m, phase) for m, phase in synced if phase is not None]
+        if not synced:
+            return  # the common case: no extra walk
+        steps = list(step_phases(module, model))
+        for mention, phase in synced:
+            windows = {step for step in steps if step.same_window(phase)}
+            if len(windows) != 1:
+                continue  # no step test on this window, or several that disagree
+            step = windows.pop()
+            if step == phase or not step.on_zero or counted_by_hand(module, phase.counter):
+                continue
+            self.report(mention.node, _phase_message(phase, step))
+
     # -- no_sync around the backward only ------------------------------------------
 
     def _check_partial(self, loop: Located, wrappers: set[str]) -> None:
@@ -183,6 +209,15 @@ class AccumulationWithoutNoSync(LoopRule):
                         "micro-step; move the forward into the `no_sync` block"
                     )
                     self.report(call, message)
+
+
+def _phase_message(synced: Phase, step: Phase) -> str:
+    return (
+        f"`no_sync` is left off when `{synced.shown()}`, but the optimizer steps when "
+        f"`{step.shown()}`: the micro-step that all-reduces is not the one before the step, "
+        "so the step applies gradients accumulated without synchronisation, which differ "
+        f"between ranks; skip `no_sync` exactly when `{step.shown()}`"
+    )
 
 
 def _forward_outside(loop: cst.CSTNode, block: cst.With, wrapper: str) -> bool:

@@ -5,26 +5,21 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.frozen import model_roots, wrap_before
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.wrappers import (
     Place,
     Wrap,
     innermost,
-    may_follow,
     names_rooted_at,
     sibling_after,
 )
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.wrapping._common import WrapperRule
-from ddpify.walk import children
 
 _CASTS = frozenset({"half", "float", "double", "bfloat16"})
 _MOVES = frozenset({"to", "cuda", "cpu"})
-# Iterating these over the model reaches its parameters (`for p in model.parameters()`).
-_PARAMETER_ITERATORS = frozenset(
-    {"parameters", "named_parameters", "modules", "named_modules", "children"}
-)
 
 
 class _Kind(enum.Enum):
@@ -90,16 +85,7 @@ class ModifyAfterWrap(WrapperRule):
         self.changes.append(_Change(node, self.place(), kind, roots))
 
     def _roots(self, expr: cst.BaseExpression) -> frozenset[str]:
-        """Names through which `expr` reaches the model: itself when dotted, else the
-        iterable of the loop that binds it (`for p in model.parameters()`)."""
-        name = dotted(expr)
-        if name is None:
-            return frozenset()
-        head = name.split(".")[0]
-        for node in reversed(self.context.ancestors):
-            if isinstance(node, cst.For) and head in _loop_targets(node.target):
-                return frozenset(_iterated_models(node.iter))
-        return frozenset({name})
+        return model_roots(expr, self.context.ancestors)
 
     # -- decision ------------------------------------------------------------------------
 
@@ -113,24 +99,7 @@ class ModifyAfterWrap(WrapperRule):
 
     def _wrap_before(self, change: _Change) -> Wrap | None:
         """A wrap of the model `change` reaches, which runs before it."""
-        for wrap in self.wrappers.wraps:
-            if not may_follow(wrap.place, change.place):
-                continue
-            for root in change.roots:
-                if self._reaches(root, wrap, change.place):
-                    return wrap
-        return None
-
-    def _reaches(self, root: str, wrap: Wrap, place: Place) -> bool:
-        """`root` is the wrapper (or a part of its `.module`) or the module it wraps, as
-        bound at the wrap."""
-        target = wrap.target
-        if target is not None and (root == target or root.startswith(f"{target}.module")):
-            return self.wrappers.wrap_held(cst.parse_expression(wrap.target), place) is wrap
-        if wrap.inner is None or not (root == wrap.inner or root.startswith(f"{wrap.inner}.")):
-            return False
-        binding = self.wrappers.binding_of(wrap.inner, place)
-        return binding is None or binding.place.seq < wrap.place.seq
+        return wrap_before(self.wrappers, change.roots, change.place)
 
     def _harmless_move(self, change: _Change, wrap: Wrap) -> bool:
         """`.to(device)` after the wrap is a no-op for a model already on that device: one
@@ -215,28 +184,6 @@ def _single_assignment(statement: cst.CSTNode, wrap: Wrap) -> bool:
         return False
     small = statement.body[0]
     return isinstance(small, cst.Assign) and small.value is wrap.call
-
-
-def _loop_targets(target: cst.BaseExpression) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return {n for e in target.elements for n in _loop_targets(e.value)}
-    return set()
-
-
-def _iterated_models(iterable: cst.BaseExpression) -> set[str]:
-    """`model` for `model.parameters()`, `model.module.backbone.named_parameters()`."""
-    found = set()
-    stack: list[cst.CSTNode] = [iterable]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Call) and method_name(node) in _PARAMETER_ITERATORS:
-            receiver = dotted(node.func.value)  # type: ignore[attr-defined]
-            if receiver is not None:
-                found.add(receiver)
-        stack.extend(children(node))
-    return found
 
 
 def _is_move_chain(expr: cst.BaseExpression) -> bool:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass
 
@@ -14,11 +15,14 @@ from ddpify.analysis.wrappers import (
 )
 from ddpify.diagnostics import FixAvailability, Severity
 from ddpify.rules.base import NodeFix
+from ddpify.rules.devices._common import DDP
 from ddpify.rules.wrapping._common import WrapperRule
-from ddpify.walk import children
+from ddpify.walk import children, walk
 
 # Names of tests that choose between the distributed and the single-process path.
 _DISTRIBUTED = re.compile(r"distributed|ddp|world_size|rank|is_initialized|parallel", re.I)
+# `print(model)`, `len(loader)`: never a function of the file (checked first, it is cheap).
+_BUILTINS = frozenset(dir(builtins))
 # Tests under which an attribute read is deliberate: `hasattr(model, "module")` ...
 _INTROSPECTION = frozenset({"hasattr", "getattr", "isinstance", "type"})
 
@@ -49,6 +53,8 @@ class WrapperAttributeAccess(WrapperRule):
         self.handed: list[tuple[cst.Call, cst.BaseExpression, Place]] = []
         # `ddp_model.x = ...` sets x on the wrapper itself: reading it back is fine.
         self.set_on_wrapper: set[tuple[str, str]] = set()
+        # Names passed to a plain function call (`evaluate(model, loader)`).
+        self.passed: list[tuple[cst.Call, int, cst.Arg, Place]] = []
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         attr = node.attr.value
@@ -59,6 +65,10 @@ class WrapperAttributeAccess(WrapperRule):
         self.accesses.append(_Access(node, self.place()))
 
     def on_call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value not in _BUILTINS:
+            for index, arg in enumerate(node.args):
+                if not arg.star and dotted(arg.value) is not None:
+                    self.passed.append((node, index, arg, self.place()))
         helper = READS_MODEL_ATTRIBUTES.get(self.wrappers.callee or "")
         if helper is not None:
             arg = find_arg(node, *helper)
@@ -81,6 +91,41 @@ class WrapperAttributeAccess(WrapperRule):
                 self._check(access)
         for call, model, place in self.handed:
             self._check_handed(call, model, place)
+        self._check_passed(node)
+
+    def _check_passed(self, module: cst.Module) -> None:
+        """The wrapper passed to a function of this file that reads an attribute of the
+        model the wrapper does not have: `test_mmstar(model, ...)` with
+        `def test_mmstar(model, ...): ... model.generate(...)`."""
+        functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+        for call, index, arg, place in self.passed:
+            function = functions.get(call.func.value)  # type: ignore[attr-defined]
+            if function is None or not self._holds_wrapper(arg.value, place):
+                continue
+            param = parameter_for(function, index, arg)
+            read = _unwrapped_read(function, param) if param is not None else None
+            if read is None:
+                continue
+            name = dotted(arg.value)
+            every_path = self.wrappers.held_on_every_path(arg.value, place)
+            if not every_path and self._other_path_possible(name, place):  # type: ignore[arg-type]
+                continue
+            instead = f"pass `{name}.module`" if every_path else "pass the unwrapped model"
+            message = (
+                f"`{function.name.value}` reads `{self.shown(read)}`, which the DDP wrapper "
+                f"`{name}` passed here does not have (AttributeError); {instead}"
+            )
+            self.report(arg.value, message)
+
+    def _holds_wrapper(self, expr: cst.BaseExpression, place: Place) -> bool:
+        """`expr` holds a DDP wrapper at `place`: bound to `DDP(...)`, or to a helper of
+        this file that returns one (`model = wrap_model(model)`)."""
+        if self.wrappers.wrap_held(expr, place) is not None:
+            return True
+        name = dotted(expr)
+        binding = self.wrappers.binding_of(name, place) if name else None
+        value = binding.value if binding is not None else None
+        return isinstance(value, cst.Call) and self.model.call_returns(value, DDP)
 
     def _check_handed(self, call: cst.Call, model: cst.BaseExpression, place: Place) -> None:
         if self.wrappers.wrap_held(model, place) is None:
@@ -156,6 +201,43 @@ class WrapperAttributeAccess(WrapperRule):
         return isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.Del)) or (
             isinstance(parent, cst.AnnAssign) and parent.target is access.node
         )
+
+
+def parameter_for(function: cst.FunctionDef, index: int, arg: cst.Arg) -> str | None:
+    """The parameter of `function` that `arg` (the `index`-th argument) binds."""
+    params = function.params
+    if arg.keyword is not None:
+        named = {p.name.value for p in (*params.params, *params.kwonly_params)}
+        return arg.keyword.value if arg.keyword.value in named else None
+    positional = [*params.posonly_params, *params.params]
+    return positional[index].name.value if index < len(positional) else None
+
+
+def _unwrapped_read(function: cst.FunctionDef, param: str) -> cst.Attribute | None:
+    """A read of `param.<attr>` in `function` that only the unwrapped model has; None
+    when the function rebinds the parameter or looks at what it is (`hasattr`, `try`)."""
+    found: list[cst.Attribute] = []
+    ancestors: list[cst.CSTNode] = []
+    rebinds = False
+
+    def enter(node: cst.CSTNode) -> None:
+        nonlocal rebinds
+        ancestors.append(node)
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and dotted(node.target) == param:
+            rebinds = True
+        if not (isinstance(node, cst.Attribute) and dotted(node.value) == param):
+            return
+        attr = node.attr.value
+        if attr.startswith("_") or attr in DDP_ATTRIBUTES:
+            return
+        parent = ancestors[-2] if len(ancestors) > 1 else None
+        if isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.Del)):
+            return
+        if not _introspected(Place(tuple(ancestors), 0)):
+            found.append(node)
+
+    walk(function.body, enter, lambda node: ancestors.pop())
+    return found[0] if found and not rebinds else None
 
 
 def _introspected(place: Place) -> bool:

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.frozen import freezes_part, may_switch_off, model_roots, wrap_before
 from ddpify.analysis.model import unwrap_call_chain
-from ddpify.analysis.names import dotted, find_arg
-from ddpify.analysis.wrappers import Wrap
+from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.wrappers import Place, Wrap
 from ddpify.diagnostics import Severity
 from ddpify.rules.wrapping._common import WrapperRule
 from ddpify.walk import children
@@ -45,9 +46,30 @@ class UnusedParameters(WrapperRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.classes: dict[str, cst.ClassDef] = {}
+        # `requires_grad` switched off somewhere: (the node, whose parameters, its place,
+        # the model names it reaches).
+        self.freezes: list[tuple[cst.CSTNode, cst.BaseExpression, Place, frozenset[str]]] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.setdefault(node.name.value, node)
+
+    def on_call(self, node: cst.Call) -> None:
+        if method_name(node) == "requires_grad_":
+            value = node.args[0].value if node.args else None
+            if may_switch_off(value):
+                self._add_freeze(node, node.func.value)  # type: ignore[attr-defined]
+
+    def on_assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            expr = target.target
+            if isinstance(expr, cst.Attribute) and expr.attr.value == "requires_grad":
+                if may_switch_off(node.value):
+                    self._add_freeze(node, expr.value)
+
+    def _add_freeze(self, node: cst.CSTNode, owner: cst.BaseExpression) -> None:
+        roots = model_roots(owner, self.context.ancestors)
+        if roots:
+            self.freezes.append((node, owner, self.place(), roots))
 
     def leave_Module(self, node: cst.Module) -> None:
         if not self.speaks():
@@ -63,6 +85,30 @@ class UnusedParameters(WrapperRule):
             if unused:
                 reported.add(cls.name.value)
                 self._report(wrap, cls, unused)
+        self._check_frozen_after_wrap()
+
+    def _check_frozen_after_wrap(self) -> None:
+        """Parameters switched off after the wrap: DDP still waits for their gradients."""
+        reported: set[int] = set()
+        for node, owner, place, roots in self.freezes:
+            wrap = wrap_before(self.wrappers, roots, place)
+            if wrap is None or id(wrap.call) in reported:
+                continue
+            if not freezes_part(owner, place.ancestors, wrap):
+                continue  # frozen whole, nothing gets a gradient: no reduction to finish
+            if find_arg(wrap.call, "find_unused_parameters") is not None:
+                continue
+            reported.add(id(wrap.call))
+            shown = self.shown(node, 60)
+            shown = "`requires_grad`" if shown == "the model" else f"`{shown}`"
+            message = (
+                f"{shown} can switch off gradients "
+                "after this wrap, but DDP still waits for every parameter it saw needing one, "
+                'and stops at the next step ("Expected to have finished reduction in the '
+                'prior iteration"); freeze before the wrap, or pass '
+                "`find_unused_parameters=True`"
+            )
+            self.report(wrap.call, message)
 
     def _model_class(self, wrap: Wrap) -> cst.ClassDef | None:
         """The class of this file that the wrapped model is an instance of, if it is

@@ -1,0 +1,162 @@
+"""Which micro-step of a gradient-accumulation window a test picks.
+
+`(i + 1) % accum == 0` picks the last micro-step of each window (counting from 0),
+`i % accum == 0` the first. The optimizer must step on the micro-step whose backward
+all-reduced (the one outside `no_sync`); when the two tests pick different micro-steps,
+the step applies gradients that were accumulated without synchronisation and differ
+between ranks. These helpers read such tests; DDP040 compares them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis.model import ScriptModel
+from ddpify.analysis.names import dotted
+from ddpify.analysis.training import _ACCUMULATION, is_optimizer_step, own_nodes
+
+
+@dataclass(frozen=True)
+class Phase:
+    """`(counter + offset) % divisor == 0` when `on_zero`, `!= 0` otherwise. `counter`
+    and `divisor` are the last parts of their names (`batch_idx`, `accum_grad`), so a
+    test written in a method on `self.accum_grad` compares with one on `accum_grad`."""
+
+    counter: str
+    offset: int
+    divisor: str
+    on_zero: bool
+
+    def negated(self) -> Phase:
+        return Phase(self.counter, self.offset, self.divisor, not self.on_zero)
+
+    def same_window(self, other: Phase) -> bool:
+        return self.counter == other.counter and self.divisor == other.divisor
+
+    def shown(self) -> str:
+        counter = self.counter
+        if self.offset:
+            sign = "+" if self.offset > 0 else "-"
+            counter = f"({counter} {sign} {abs(self.offset)})"
+        return f"{counter} % {self.divisor} {'==' if self.on_zero else '!='} 0"
+
+
+def phase_of(test: cst.BaseExpression, model: ScriptModel | None = None) -> Phase | None:
+    """The phase a test picks, or None when it is anything but one plain modulo test
+    (`not t`, and a name bound once to such a test, are followed)."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = phase_of(test.expression, model)
+        return inner.negated() if inner is not None else None
+    if isinstance(test, cst.Name) and model is not None:
+        values = model.bindings.get(test.value, [])
+        return phase_of(values[0]) if len(values) == 1 else None
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    target = test.comparisons[0]
+    if not isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+        return None
+    if not (isinstance(target.comparator, cst.Integer) and target.comparator.value == "0"):
+        return None
+    modulo = test.left
+    if not (isinstance(modulo, cst.BinaryOperation) and isinstance(modulo.operator, cst.Modulo)):
+        return None
+    divisor = dotted(modulo.right)
+    if divisor is None or not _ACCUMULATION.search(divisor.rsplit(".", 1)[-1]):
+        return None
+    counted = _counter_and_offset(modulo.left)
+    if counted is None:
+        return None
+    counter, offset = counted
+    last = divisor.rsplit(".", 1)[-1]
+    return Phase(counter, offset, last, isinstance(target.operator, cst.Equal))
+
+
+def _counter_and_offset(expr: cst.BaseExpression) -> tuple[str, int] | None:
+    """`i` -> (i, 0); `i + 1` / `1 + i` -> (i, 1); `i - 1` -> (i, -1)."""
+    name = dotted(expr)
+    if name is not None:
+        return name.rsplit(".", 1)[-1], 0
+    if not isinstance(expr, cst.BinaryOperation):
+        return None
+    if not isinstance(expr.operator, (cst.Add, cst.Subtract)):
+        return None
+    sign = 1 if isinstance(expr.operator, cst.Add) else -1
+    left, right = dotted(expr.left), expr.right
+    if left is not None and isinstance(right, cst.Integer):
+        return left.rsplit(".", 1)[-1], sign * int(right.value)
+    if sign == 1 and isinstance(expr.left, cst.Integer) and dotted(expr.right) is not None:
+        return dotted(expr.right).rsplit(".", 1)[-1], int(expr.left.value)  # type: ignore[union-attr]
+    return None
+
+
+def no_sync_choice(ancestors: Sequence[cst.CSTNode]) -> tuple[cst.BaseExpression, bool] | None:
+    """For a `no_sync` mention: the test that chooses it and whether it is chosen when
+    the test holds. `model.no_sync if t else nullcontext` -> (t, True); `nullcontext() if
+    t else model.no_sync()` -> (t, False); `if t: ctx = model.no_sync` -> (t, True)."""
+    for parent, child in zip(reversed(ancestors[:-1]), reversed(ancestors[1:])):
+        if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return None
+        if isinstance(parent, cst.IfExp) and child is not parent.test:
+            return parent.test, child is parent.body
+        if isinstance(parent, cst.If) and child is not parent.test:
+            return parent.test, child is parent.body
+    return None
+
+
+def synced_phase(
+    ancestors: Sequence[cst.CSTNode], model: ScriptModel | None = None
+) -> Phase | None:
+    """The micro-steps that all-reduce: those where the `no_sync` (whose ancestry this
+    is) is not chosen."""
+    choice = no_sync_choice(ancestors)
+    if choice is None:
+        return None
+    test, when_true = choice
+    phase = phase_of(test, model)
+    if phase is None:
+        return None
+    return phase.negated() if when_true else phase
+
+
+def step_phases(root: cst.CSTNode, model: ScriptModel | None = None) -> Iterator[Phase]:
+    """The phase of every `if <test>:` under `root` whose body steps an optimizer."""
+    for node in own_nodes(root):
+        if isinstance(node, cst.FunctionDef):
+            yield from step_phases(node, model)
+        elif isinstance(node, cst.ClassDef):
+            yield from step_phases(node, model)
+        elif isinstance(node, cst.If):
+            if any(isinstance(n, cst.Call) and is_optimizer_step(n) for n in own_nodes(node.body)):
+                phase = phase_of(node.test, model)
+                if phase is not None:
+                    yield phase
+
+
+def counted_by_hand(root: cst.CSTNode, counter: str) -> bool:
+    """Whether `counter` is ever incremented in place (`step += 1`): then a test before
+    the increment and one after it may rightly differ by one."""
+    for node in _all_nodes(root):
+        if isinstance(node, cst.AugAssign):
+            targets = [node.target]
+        elif isinstance(node, cst.Assign) and isinstance(node.value, cst.BinaryOperation):
+            targets = [t.target for t in node.targets]  # `step = step + 1`
+        else:
+            continue
+        if any(_last(t) == counter for t in targets):
+            return True
+    return False
+
+
+def _last(expr: cst.BaseExpression) -> str | None:
+    name = dotted(expr)
+    return name.rsplit(".", 1)[-1] if name is not None else None
+
+
+def _all_nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    for node in own_nodes(root):
+        yield node
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            yield from _all_nodes(node)
