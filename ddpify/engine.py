@@ -15,7 +15,7 @@ import libcst as cst
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
-from ddpify.analysis.project import LocalFunction, LocalFunctions
+from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.guarded import GaveUp, guarded, python_rejects, risky
@@ -44,6 +44,19 @@ class Context:
         """The definition of an imported helper (`utils.save_checkpoint`) in a local module
         of the project, or None (not local, not found, or no file to start from)."""
         return self.local.function(qualified)
+
+    def local_callee(self, func: cst.BaseExpression) -> LocalFunction | LocalClass | None:
+        """What a call's `func` names in a local module (absolute or relative import): the
+        function, or the class it instantiates; None when it is not a local definition."""
+        qualified = self.imports.qualify_local(func)
+        if qualified is None:
+            return None
+        return self.local.function(qualified) or self.local.class_(qualified)
+
+    def local_table_functions(self, table: cst.BaseExpression) -> list[LocalFunction]:
+        """The functions of an imported module-level table (`GETTERS[name](...)`)."""
+        qualified = self.imports.qualify_local(table)
+        return self.local.functions_in(qualified) if qualified is not None else []
 
     def qualify(self, expr: cst.BaseExpression) -> str | None:
         return self.imports.qualify(expr)

@@ -92,3 +92,107 @@ def test_the_cache_notices_a_change_in_the_helper_module(tmp_path):
     assert len(_findings(train, cache)) == 1  # served from the cache
     (tmp_path / "utils.py").write_text(UTILS.format(save=GUARDED))
     assert _findings(train, cache) == []  # train.py is unchanged, its helper is not
+
+
+# -- DDP027: a dataset getter of another module downloads ---------------------------------
+
+WORKER = """\
+import os
+
+import torch.distributed as dist
+{imports}
+
+dist.init_process_group("gloo")
+rank = int(os.environ["RANK"])
+{body}
+"""
+
+DATA = """\
+from torchvision import datasets
+
+
+def get_cifar10(root):
+    return datasets.CIFAR10(root, train=True, download={download})
+
+
+def get_mnist(root):
+    return datasets.MNIST(root, train=True, download=False)
+
+
+GETTERS = {{"cifar10": get_cifar10, "mnist": get_mnist}}
+
+
+class CifarData:
+    def __init__(self, root):
+        self.root = root
+
+    def train_set(self):
+        return datasets.CIFAR10(self.root, train=True, download={download})
+"""
+
+
+def _download_findings(path: Path) -> list[str]:
+    report = check_paths([str(path)], select_rules(["DDP027"]))
+    return [f"{d.location.row} {d.message}" for d in report.diagnostics]
+
+
+def _download_project(tmp_path: Path, imports: str, body: str, download: str = "True") -> Path:
+    (tmp_path / "data.py").write_text(DATA.format(download=download))
+    train = tmp_path / "train.py"
+    train.write_text(WORKER.format(imports=imports, body=body))
+    return train
+
+
+def test_a_dataset_getter_of_another_module_called_on_every_rank(tmp_path):
+    train = _download_project(tmp_path, "from data import get_cifar10", 'ds = get_cifar10("d")')
+    [finding] = _download_findings(train)
+    assert finding.startswith("8 `get_cifar10()` (defined in data.py), which downloads")
+
+
+def test_a_table_of_getters_is_read_through(tmp_path):
+    body = 'ds = data.GETTERS["cifar10"]("d")'
+    [finding] = _download_findings(_download_project(tmp_path, "import data", body))
+    assert finding.startswith("8 `data.GETTERS[...]` may call `get_cifar10` (defined in data.py)")
+
+
+def test_a_dataset_class_of_a_package_imported_relatively(tmp_path):
+    package = tmp_path / "proj"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    train = _download_project(package, "from .data import CifarData", 'ds = CifarData("d")')
+    [finding] = _download_findings(train)
+    assert finding.startswith("8 `CifarData` (defined in data.py), which downloads")
+
+
+def test_rank_zero_first_around_the_getter_is_quiet(tmp_path):
+    body = (
+        "if rank != 0:\n    dist.barrier()\n"
+        'ds = get_cifar10("d")\n'
+        "if rank == 0:\n    dist.barrier()"
+    )
+    train = _download_project(tmp_path, "from data import get_cifar10", body)
+    assert _download_findings(train) == []
+
+
+def test_the_others_waiting_only_after_the_getter_is_reported(tmp_path):
+    body = 'ds = get_cifar10("d")\nif rank != 0:\n    dist.barrier()\n'
+    body += "if rank == 0:\n    dist.barrier()"
+    train = _download_project(tmp_path, "from data import get_cifar10", body)
+    assert [f.split()[0] for f in _download_findings(train)] == ["8"]
+
+
+def test_a_getter_called_on_rank_zero_only_is_quiet(tmp_path):
+    body = 'if rank == 0:\n    get_cifar10("d")\ndist.barrier()'
+    train = _download_project(tmp_path, "from data import get_cifar10", body)
+    assert _download_findings(train) == []
+
+
+def test_a_getter_that_does_not_download_is_quiet(tmp_path):
+    imports = "from data import get_cifar10, get_mnist"
+    body = 'a = get_mnist("d")\nb = get_cifar10("d")'
+    assert _download_findings(_download_project(tmp_path, imports, body, "False")) == []
+
+
+def test_the_data_module_checked_alone_says_nothing(tmp_path):
+    _download_project(tmp_path, "from data import get_cifar10", 'ds = get_cifar10("d")')
+    assert _download_findings(tmp_path / "data.py") == []

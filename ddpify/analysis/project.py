@@ -377,8 +377,29 @@ class LocalFunction:
     digest: str  # sha256 of the module's bytes: a cached result depends on it
 
 
+@dataclass
+class LocalClass:
+    """A class a checked file imports from a local module (`from data import MyDataset`)."""
+
+    node: cst.ClassDef
+    imports: ImportMap
+    path: Path
+    digest: str
+
+    def methods(self) -> list[cst.FunctionDef]:
+        body = self.node.body.body if isinstance(self.node.body, cst.IndentedBlock) else ()
+        return [statement for statement in body if isinstance(statement, cst.FunctionDef)]
+
+
+_Definition = cst.FunctionDef | cst.ClassDef | cst.BaseExpression
+
+
 class LocalFunctions:
     """`utils.save_checkpoint` -> its definition in ./utils.py, for a file being checked.
+
+    Names come from `ImportMap.qualify_local`: absolute (`utils.save_checkpoint`) or as a
+    relative import wrote them (`.utils.save_checkpoint`, `..data.build_loader`), which
+    resolve from the checked file's package.
 
     Lazy: nothing is read until a rule asks about an imported name, and then only the
     module it names (beside the file, or up to MAX_ROOT_ASCENT directories above, inside
@@ -389,31 +410,82 @@ class LocalFunctions:
     def __init__(self, filename: str | None) -> None:
         self.file = Path(filename).resolve() if filename else None
         self.used: dict[str, str] = {}  # path -> digest of each module consulted
-        self._found: dict[str, LocalFunction | None] = {}
+        self._found: dict[str, tuple[_Definition, ImportMap, Path, str] | None] = {}
 
     def function(self, qualified: str) -> LocalFunction | None:
-        if self.file is None or "." not in qualified or qualified.startswith("torch."):
+        found = self._definition(qualified)
+        if found is None or not isinstance(found[0], cst.FunctionDef):
+            return None
+        return LocalFunction(*found)
+
+    def class_(self, qualified: str) -> LocalClass | None:
+        found = self._definition(qualified)
+        if found is None or not isinstance(found[0], cst.ClassDef):
+            return None
+        return LocalClass(*found)
+
+    def functions_in(self, qualified: str) -> list[LocalFunction]:
+        """The functions a module-level table holds (`DATASET_GETTERS = {"cifar10":
+        get_cifar10, ...}`, a list or tuple of them), each defined in the same module;
+        empty when `qualified` is no such table."""
+        found = self._definition(qualified)
+        if found is None or not isinstance(found[0], (cst.Dict, cst.List, cst.Tuple)):
+            return []
+        table, imports, path, digest = found
+        elements = (
+            [element.value for element in table.elements if isinstance(element, cst.DictElement)]
+            if isinstance(table, cst.Dict)
+            else [element.value for element in table.elements]
+        )
+        module_name = qualified.rpartition(".")[0]
+        functions = []
+        for value in elements:
+            if isinstance(value, cst.Name):
+                function = self.function(f"{module_name}.{value.value}")
+                if function is not None and function.path == path:
+                    functions.append(function)
+        return functions
+
+    def _definition(self, qualified: str) -> tuple[_Definition, ImportMap, Path, str] | None:
+        if self.file is None or qualified.startswith("torch."):
+            return None
+        if "." not in qualified:
             return None
         if qualified not in self._found:
             self._found[qualified] = self._lookup(qualified)
         found = self._found[qualified]
         if found is not None:
-            self.used[str(found.path)] = found.digest
+            self.used[str(found[2])] = found[3]
         return found
 
-    def _lookup(self, qualified: str) -> LocalFunction | None:
-        module_name, _, name = qualified.rpartition(".")
+    def _candidates(self, module_name: str) -> list[Path]:
+        """The files that may define names of `module_name`, the most specific first."""
+        assert self.file is not None
         boundary = _common_root([self.file])
-        for path in _resolve_absolute(module_name, _roots([self.file], boundary), boundary):
-            if path.name == "__init__.py" and module_name.split(".")[-1] != path.parent.name:
-                continue
+        if module_name.startswith("."):
+            dotted = module_name.lstrip(".")
+            level = len(module_name) - len(dotted)
+            found = _resolve_relative(self.file, level, dotted or None, (), boundary)
+            return list(reversed(found))
+        found = _resolve_absolute(module_name, _roots([self.file], boundary), boundary)
+        return [
+            path
+            for path in reversed(found)
+            if path.name != "__init__.py" or module_name.split(".")[-1] == path.parent.name
+        ]
+
+    def _lookup(self, qualified: str) -> tuple[_Definition, ImportMap, Path, str] | None:
+        dots = len(qualified) - len(qualified.lstrip("."))
+        module_name, _, name = qualified[dots:].rpartition(".")
+        module_name = "." * dots + module_name  # `.helper` -> the package's __init__.py
+        for path in self._candidates(module_name):
             parsed = self._parse(path)
             if parsed is None:
                 continue
             module, imports, digest = parsed
-            for statement in module.body:
-                if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
-                    return LocalFunction(statement, imports, path, digest)
+            definition = _top_level(module, name)
+            if definition is not None:
+                return definition, imports, path, digest
         return None
 
     @classmethod
@@ -426,6 +498,22 @@ class LocalFunctions:
         if key not in cls._parsed:
             cls._parsed[key] = _parse_module(path)
         return cls._parsed[key]
+
+
+def _top_level(module: cst.Module, name: str) -> _Definition | None:
+    """The last top-level `def name`, `class name` or `name = value` of `module`."""
+    found: _Definition | None = None
+    for statement in module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            if statement.name.value == name:
+                found = statement
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Assign) and any(
+                    isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets
+                ):
+                    found = small.value
+    return found
 
 
 def _parse_module(path: Path) -> tuple[cst.Module, ImportMap, str] | None:
