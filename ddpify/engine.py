@@ -9,6 +9,7 @@ import tokenize
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
@@ -52,6 +53,11 @@ class Context:
         if qualified is None:
             return None
         return self.local.function(qualified) or self.local.class_(qualified)
+
+    def distributed_importers(self) -> list[Path]:
+        """The modules of the project that import this file and run distributed: what makes
+        a helper module's code run on every rank (empty for a script nobody imports)."""
+        return self.local.distributed_importers()
 
     def local_table_functions(self, table: cst.BaseExpression) -> list[LocalFunction]:
         """The functions of an imported module-level table (`GETTERS[name](...)`)."""

@@ -196,3 +196,66 @@ def test_a_getter_that_does_not_download_is_quiet(tmp_path):
 def test_the_data_module_checked_alone_says_nothing(tmp_path):
     _download_project(tmp_path, "from data import get_cifar10", 'ds = get_cifar10("d")')
     assert _download_findings(tmp_path / "data.py") == []
+
+
+# -- DDP012: a load helper of another module drops the caller's device --------------------
+
+CHECKPOINTS = """\
+import torch
+
+
+def load_checkpoint(path, map_location=None):
+    return torch.load(path{passed})
+
+
+def load_weights(path, device):
+    state = torch.load(path{passed_device})
+    return {{k: v.to(device) for k, v in state.items()}}
+
+
+def load_plain(path):
+    return torch.load(path)
+"""
+
+DISTRIBUTED_TRAIN = """\
+import torch.distributed as dist
+
+from ckpt import load_checkpoint, load_plain, load_weights
+
+dist.init_process_group("nccl")
+state = load_checkpoint("a.pt", map_location="cpu")
+"""
+
+
+def _load_findings(path: Path) -> list[str]:
+    report = check_paths([str(path)], select_rules(["DDP012"]))
+    return [f"{d.location.row} {d.message}" for d in report.diagnostics]
+
+
+def _load_project(tmp_path: Path, train: str = DISTRIBUTED_TRAIN, fixed: bool = False) -> Path:
+    helper = tmp_path / "ckpt.py"
+    helper.write_text(
+        CHECKPOINTS.format(
+            passed=", map_location=map_location" if fixed else "",
+            passed_device=", map_location=device" if fixed else "",
+        )
+    )
+    (tmp_path / "train.py").write_text(train)
+    return helper
+
+
+def test_a_load_helper_that_drops_the_callers_device_is_reported_in_its_module(tmp_path):
+    findings = _load_findings(_load_project(tmp_path))
+    assert [f.split()[0] for f in findings] == ["5", "9"]
+    assert "`load_checkpoint()` takes `map_location` but its `torch.load` ignores it" in findings[0]
+    assert "(train.py runs distributed)" in findings[0]
+    assert "then moves them to `device`; pass `map_location=device`" in findings[1]
+
+
+def test_a_load_helper_that_passes_the_device_is_quiet(tmp_path):
+    assert _load_findings(_load_project(tmp_path, fixed=True)) == []
+
+
+def test_a_load_helper_of_a_single_process_project_is_quiet(tmp_path):
+    train = 'from ckpt import load_checkpoint\n\nstate = load_checkpoint("a.pt", "cpu")\n'
+    assert _load_findings(_load_project(tmp_path, train=train)) == []

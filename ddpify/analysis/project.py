@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -458,6 +460,16 @@ class LocalFunctions:
             self.used[str(found[2])] = found[3]
         return found
 
+    def distributed_importers(self) -> list[Path]:
+        """The modules of the project that import the checked file and run distributed
+        (see `distributed_importers`); each is recorded as a dependency of the result."""
+        if self.file is None:
+            return []
+        found = distributed_importers(self.file)
+        for path, digest in found:
+            self.used[str(path)] = digest
+        return [path for path, _ in found]
+
     def _candidates(self, module_name: str) -> list[Path]:
         """The files that may define names of `module_name`, the most specific first."""
         assert self.file is not None
@@ -498,6 +510,75 @@ class LocalFunctions:
         if key not in cls._parsed:
             cls._parsed[key] = _parse_module(path)
         return cls._parsed[key]
+
+
+# -- who imports a helper module -------------------------------------------------------------
+
+# A file that runs several processes says so in one of these words. A textual test on
+# purpose: it decides which few files are worth resolving the imports of.
+_DISTRIBUTED_WORDS = re.compile(
+    r"init_process_group|DistributedDataParallel|DistributedSampler|LOCAL_RANK"
+)
+MAX_SCANNED_FILES = 2000
+# (path, mtime, size) -> (text, digest) if the file looks distributed, else None.
+_scanned: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
+
+
+def distributed_importers(path: Path) -> list[tuple[Path, str]]:
+    """(path, sha256) of the modules of `path`'s project (its repository or package root,
+    as `_common_root` finds it) that import `path` and run distributed: a helper module's
+    only evidence that its code runs on every rank. Asked only by a rule that has a
+    candidate finding in a helper module; scans at most MAX_SCANNED_FILES files (each
+    read once while unchanged); only those that name the module are parsed."""
+    path = path.resolve()
+    root = _common_root([path])
+    stem = path.parent.name if path.name == "__init__.py" else path.stem
+    found = []
+    for other, text, digest in _files_of(root):
+        if other == path or stem not in text:
+            continue
+        imported = (found for found, _ in local_imports(other, text, [other], root))
+        if path in imported:
+            found.append((other, digest))
+    return found
+
+
+def _files_of(root: Path) -> list[tuple[Path, str, str]]:
+    """The Python files below `root` that look distributed, with their text and digest."""
+    files = []
+    for index, path in enumerate(_python_files(root)):
+        if index >= MAX_SCANNED_FILES:
+            break
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        key = (path, info.st_mtime_ns, info.st_size)
+        if key not in _scanned:
+            _scanned[key] = _scan(path)
+        if _scanned[key] is not None:
+            text, digest = _scanned[key]
+            files.append((path.resolve(), text, digest))
+    return files
+
+
+def _scan(path: Path) -> tuple[str, str] | None:
+    try:
+        data = read_bounded(path)
+    except SourceError:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    if not _DISTRIBUTED_WORDS.search(text):
+        return None
+    return text, hashlib.sha256(data).hexdigest()
+
+
+def _python_files(root: Path) -> Iterator[Path]:
+    for directory, folders, names in os.walk(root):
+        folders[:] = sorted(f for f in folders if not f.startswith(".") and f not in _NOT_SOURCE)
+        for name in sorted(names):
+            if name.endswith(".py"):
+                yield Path(directory) / name
 
 
 def _top_level(module: cst.Module, name: str) -> _Definition | None:
