@@ -59,6 +59,10 @@ class Context:
         a helper module's code run on every rank (empty for a script nobody imports)."""
         return self.local.distributed_importers()
 
+    def ddp_wrapping_modules(self) -> list[Path]:
+        """Other modules of the project that wrap a model in DistributedDataParallel."""
+        return self.local.ddp_wrapping_modules()
+
     def local_table_functions(self, table: cst.BaseExpression) -> list[LocalFunction]:
         """The functions of an imported module-level table (`GETTERS[name](...)`)."""
         qualified = self.imports.qualify_local(table)

@@ -259,3 +259,54 @@ def test_a_load_helper_that_passes_the_device_is_quiet(tmp_path):
 def test_a_load_helper_of_a_single_process_project_is_quiet(tmp_path):
     train = 'from ckpt import load_checkpoint\n\nstate = load_checkpoint("a.pt", "cpu")\n'
     assert _load_findings(_load_project(tmp_path, train=train)) == []
+
+
+# -- DDP040: a trainer module accumulates; another module wraps the model in DDP ----------
+
+TRAINER = """\
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self, model, optimizer, accum):
+        self.model = model
+        self.optimizer = optimizer
+        self.accum = accum
+
+    def train_epoch(self, loader):
+        for step, (x, y) in enumerate(loader):
+            loss = self.model(x).sub(y).pow(2).mean()
+            loss.backward()
+            if (step + 1) % self.accum == 0:
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+        dist.barrier()
+"""
+
+LAUNCH = """\
+import torch
+import torch.distributed as dist
+
+from trainer import Trainer
+
+dist.init_process_group("gloo")
+model = {model}
+Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 4).train_epoch([])
+"""
+
+
+def _accumulation_findings(tmp_path: Path, model: str) -> list[str]:
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "launch.py").write_text(LAUNCH.format(model=model))
+    report = check_paths([str(tmp_path / "trainer.py")], select_rules(["DDP040"]))
+    return [f"{d.location.row} {d.severity.value} {d.message}" for d in report.diagnostics]
+
+
+def test_a_trainer_whose_model_another_module_wraps_in_ddp_is_told_at_info(tmp_path):
+    [finding] = _accumulation_findings(tmp_path, "DistributedDataParallel(torch.nn.Linear(2, 2))")
+    assert finding.startswith("13 info `loss.backward()` runs on every micro-step")
+    assert "if `self.model` is a DistributedDataParallel wrapper" in finding
+
+
+def test_a_trainer_in_a_project_that_never_wraps_in_ddp_is_quiet(tmp_path):
+    assert _accumulation_findings(tmp_path, "torch.nn.Linear(2, 2)") == []

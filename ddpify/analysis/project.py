@@ -470,6 +470,16 @@ class LocalFunctions:
             self.used[str(path)] = digest
         return [path for path, _ in found]
 
+    def ddp_wrapping_modules(self) -> list[Path]:
+        """The other modules of the project that wrap models in DDP (recorded as
+        dependencies of the result)."""
+        if self.file is None:
+            return []
+        found = ddp_wrapping_modules(self.file)
+        for path, digest in found:
+            self.used[str(path)] = digest
+        return [path for path, _ in found]
+
     def _candidates(self, module_name: str) -> list[Path]:
         """The files that may define names of `module_name`, the most specific first."""
         assert self.file is not None
@@ -541,6 +551,23 @@ def distributed_importers(path: Path) -> list[tuple[Path, str]]:
         if path in imported:
             found.append((other, digest))
     return found
+
+
+# `DistributedDataParallel(` in code (not in a comment): the project wraps a model itself.
+_WRAPS_IN_DDP = re.compile(r"^[^#\n]*\bDistributedDataParallel\b", re.M)
+
+
+def ddp_wrapping_modules(path: Path) -> list[tuple[Path, str]]:
+    """(path, sha256) of the modules of `path`'s project that name DistributedDataParallel
+    in code: evidence that a model a helper module receives (a trainer's `self.model`)
+    may be a DDP wrapper, when nothing in the helper module says so."""
+    path = path.resolve()
+    root = _common_root([path])
+    return [
+        (other, digest)
+        for other, text, digest in _files_of(root)
+        if other != path and _WRAPS_IN_DDP.search(text)
+    ]
 
 
 def _files_of(root: Path) -> list[tuple[Path, str, str]]:
