@@ -310,3 +310,64 @@ def test_a_trainer_whose_model_another_module_wraps_in_ddp_is_told_at_info(tmp_p
 
 def test_a_trainer_in_a_project_that_never_wraps_in_ddp_is_quiet(tmp_path):
     assert _accumulation_findings(tmp_path, "torch.nn.Linear(2, 2)") == []
+
+
+# -- guards judged by their body, wherever they are defined --------------------------------
+
+PRIMARY = """\
+import os
+
+import torch.distributed as dist
+
+
+def check_primary():
+    if not dist.is_initialized():
+        return True
+    return dist.get_rank() == 0
+
+
+def output_ready(path):
+    return os.path.isdir(path)
+"""
+
+SAVE_UNDER = """\
+import torch
+import torch.distributed as dist
+
+{imports}
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(2, 2)
+if {test}:
+    torch.save(model.state_dict(), "a.pt")
+"""
+
+
+def _guarded_save_findings(folder: Path, imports: str, test: str) -> list[str]:
+    (folder / "helpers.py").write_text(PRIMARY)
+    train = folder / "train.py"
+    train.write_text(SAVE_UNDER.format(imports=imports, test=test))
+    return _findings(train)
+
+
+def test_a_guard_helper_with_an_unusual_name_in_another_module_is_a_guard(tmp_path):
+    assert _guarded_save_findings(tmp_path, "import helpers", "helpers.check_primary()") == []
+
+
+def test_a_helper_that_is_not_about_ranks_is_no_guard(tmp_path):
+    imports = "from helpers import output_ready"
+    [finding] = _guarded_save_findings(tmp_path, imports, 'output_ready("out")')
+    assert finding.startswith("9 `torch.save` runs on every rank")
+
+
+def test_a_guard_helper_imported_relatively_in_a_package(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    imports = "from .helpers import check_primary"
+    assert _guarded_save_findings(tmp_path, imports, "check_primary()") == []
+
+
+def test_a_guard_helper_of_the_same_file_is_judged_by_its_body(tmp_path):
+    train = tmp_path / "train.py"
+    own = "def check_primary():\n    return dist.get_rank() == 0\n"
+    train.write_text(SAVE_UNDER.format(imports=own, test="check_primary()"))
+    assert _findings(train) == []
