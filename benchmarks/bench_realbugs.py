@@ -1,13 +1,21 @@
 """Recall and fix recognition of `ddpify check` on real DDP bug-fix commits.
 
-    python benchmarks/bench_realbugs.py [--mirrors DIR] [--out DIR] [--json] [--rows TSV]
+    python benchmarks/bench_realbugs.py [--single-file] [--mirrors DIR] [--out DIR]
+                                        [--trees DIR] [--json FILE] [--rows TSV]
 
 Each row of benchmarks/realbugs.tsv names one file in a public repository, the commit
 before a fix (its parent) and the fix commit, and the catalogue code of the pitfall the
 fix removes. For every row whose repository is fetched (a bare git dir at
 `<mirrors>/<owner>+<name>/repo`, the layout the `fetch` tool writes) the two versions of
-the file are extracted into a folder outside the project (a temp dir unless --out) and
-checked with `ddpify check --select ALL --isolated --no-cache` in one process.
+the file are checked with `ddpify check --select ALL --isolated --no-cache`, all rows in
+one process.
+
+By default each row is checked inside its repository: the Python files of the tree at
+both commits are extracted (`git archive`, cached under --trees, outside the project,
+reused by later runs) so `check` reads the local modules the file imports as it would
+in a user's checkout (a guard, a saving helper or a loader factory defined elsewhere).
+`--single-file` extracts the one file alone into a folder outside the project (a temp
+dir unless --out): the evidence of other modules is invisible there.
 
 Scores (a measurement: it always exits 0):
 
@@ -32,9 +40,11 @@ from __future__ import annotations
 import argparse
 import csv
 import difflib
+import io
 import json
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -43,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ROOT / "benchmarks" / "realbugs.tsv"
 MIRRORS = Path("/work/.mirror")
+TREES = Path(tempfile.gettempdir()) / "ddpify-realbugs-trees"
 
 
 @dataclass
@@ -60,6 +71,7 @@ class Row:
     gone: int = 0  # findings on "before" with no counterpart on "after"
     error: str = ""
     others_before: list[str] = field(default_factory=list)
+    paths: dict[str, Path] = field(default_factory=dict)  # side -> the file checked
 
     @property
     def detected(self) -> bool:
@@ -112,13 +124,59 @@ def extract(rows: list[Row], mirrors: Path, out: Path) -> list[Row]:
             target = out / f"{row.index:03d}" / side / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+            row.paths[side] = target
         if not row.error:
             ready.append(row)
     return ready
 
 
-def run_check(out: Path) -> list[dict]:
-    command = [sys.executable, "-m", "ddpify", "check", str(out), "--select", "ALL"]
+def extract_tree(gdir: Path, commit: str, trees: Path, repo: str) -> Path | None:
+    """The Python files of `repo` at `commit`, under trees/<owner>+<name>/<commit>/ (made
+    once; a `.done` marker says the extraction finished). An empty `.git` folder marks
+    the root as a checkout's, as the user's project would have one."""
+    target = trees / repo.replace("/", "+") / commit
+    if (target / ".done").is_file():
+        return target
+    if target.exists():
+        subprocess.run(["rm", "-rf", str(target)], check=True)
+    archive = subprocess.run(
+        ["git", f"--git-dir={gdir}", "archive", "--format=tar", commit, "--", "*.py"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        return None
+    target.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(target, filter="data")
+    (target / ".git").mkdir(exist_ok=True)
+    (target / ".done").write_text(commit)
+    return target
+
+
+def locate_in_trees(rows: list[Row], mirrors: Path, trees: Path) -> set[Path]:
+    """Extract the trees of every row; return the files to check (two rows may name the
+    same file at the same commit: it is checked once and scored for both)."""
+    located: set[Path] = set()
+    for row in rows:
+        gdir = git_dir(mirrors, row.repo)
+        sides = {}
+        for side, commit in (("before", row.before), ("after", row.after)):
+            tree = extract_tree(gdir, commit, trees, row.repo)
+            path = tree / row.file if tree is not None else None
+            if path is None or not path.is_file():
+                row.error = f"cannot read {commit[:10]}:{row.file}"
+                break
+            sides[side] = path
+        if not row.error:
+            row.paths.update(sides)
+            located.update(path.resolve() for path in sides.values())
+    return located
+
+
+def run_check(out: Path | list[Path]) -> list[dict]:
+    targets = [str(p) for p in out] if isinstance(out, list) else [str(out)]
+    command = [sys.executable, "-m", "ddpify", "check", *targets, "--select", "ALL"]
     command += ["--output-format", "json", "--no-cache", "--isolated", "--exit-zero", "-q"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode != 0:
@@ -145,21 +203,23 @@ def count_gone(before_rows: list[int], after_rows: list[int], mapping: dict[int,
     return sum(1 for row in before_rows if not any(r in mapping.get(row, ()) for r in after_rows))
 
 
-def score(rows: list[Row], findings: list[dict], out: Path) -> None:
+def score(rows: list[Row], findings: list[dict]) -> None:
+    owners: dict[Path, list[tuple[int, str]]] = defaultdict(list)
+    for row in rows:
+        for side, path in row.paths.items():
+            owners[path.resolve()].append((row.index, side))
     by_file: dict[tuple[int, str], list[tuple[str, int]]] = defaultdict(list)
     for item in findings:
-        rel = Path(item["filename"]).resolve().relative_to(out.resolve())
-        by_file[(int(rel.parts[0]), rel.parts[1])].append((item["code"], item["location"]["row"]))
+        for key in owners.get(Path(item["filename"]).resolve(), ()):
+            by_file[key].append((item["code"], item["location"]["row"]))
     for row in rows:
         before, after = by_file[(row.index, "before")], by_file[(row.index, "after")]
         mine_before = [line for code, line in before if code == row.code]
         mine_after = [line for code, line in after if code == row.code]
         row.found_before, row.found_after = len(mine_before), len(mine_after)
         row.others_before = sorted({code for code, _ in before} - {row.code})
-        folder = out / f"{row.index:03d}"
         texts = [
-            (folder / side / Path(row.file).name).read_text(errors="replace").splitlines()
-            for side in ("before", "after")
+            row.paths[side].read_text(errors="replace").splitlines() for side in ("before", "after")
         ]
         row.gone = count_gone(mine_before, mine_after, line_map(*texts))
 
@@ -232,7 +292,17 @@ def main() -> None:
     parser.add_argument(
         "--mirrors", type=Path, default=MIRRORS, help="<owner>+<name>/repo live here"
     )
-    parser.add_argument("--out", type=Path, help="extract here (default: a temp dir)")
+    parser.add_argument(
+        "--single-file",
+        action="store_true",
+        help="check each file alone, without the modules of its repository",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="--single-file: extract here (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--trees", type=Path, default=TREES, help=f"cache of extracted trees ({TREES})"
+    )
     parser.add_argument("--json", type=Path, help="also write the scores as JSON here")
     args = parser.parse_args()
 
@@ -245,14 +315,20 @@ def main() -> None:
     if missing:
         names = sorted({r.repo for r in missing})
         print(f"skipping {len(missing)} rows, mirror missing: {', '.join(names)}")
-    with tempfile.TemporaryDirectory(prefix="ddpify-realbugs-") as tmp:
-        out = args.out or Path(tmp)
-        if out.resolve().is_relative_to(ROOT):
-            sys.exit("--out must be outside the project: fetched code is never written into it")
-        ready = extract(present, args.mirrors, out)
-        failed = [r for r in present if r.error]
-        score(ready, run_check(out), out)
-        result = report(ready, failed)
+    for place in (args.out, args.trees):
+        if place is not None and place.resolve().is_relative_to(ROOT):
+            sys.exit("--out and --trees must be outside the project: fetched code stays out")
+    if args.single_file:
+        with tempfile.TemporaryDirectory(prefix="ddpify-realbugs-") as tmp:
+            out = args.out or Path(tmp)
+            ready = extract(present, args.mirrors, out)
+            score(ready, run_check(out))
+    else:
+        located = locate_in_trees(present, args.mirrors, args.trees)
+        ready = [r for r in present if not r.error]
+        score(ready, run_check(sorted(located)))
+    print("mode: " + ("single file" if args.single_file else "file inside its repository"))
+    result = report(ready, [r for r in present if r.error])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

@@ -9,13 +9,14 @@ import tokenize
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
-from ddpify.analysis.guards import Scope, rank_zero_scope
+from ddpify.analysis.guards import Scope, judging_calls_with, rank_zero_scope, returns_rank_zero
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
-from ddpify.analysis.project import LocalFunction, LocalFunctions
+from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
@@ -40,11 +41,64 @@ class Context:
         self.ancestors: list[cst.CSTNode] = []
         # Functions this file imports from local modules (read only when a rule asks).
         self.local = LocalFunctions(filename)
+        self._judged: dict[int, Scope | None] = {}
+        self._functions: dict[str, cst.FunctionDef] | None = None
 
     def local_function(self, qualified: str) -> LocalFunction | None:
         """The definition of an imported helper (`utils.save_checkpoint`) in a local module
         of the project, or None (not local, not found, or no file to start from)."""
         return self.local.function(qualified)
+
+    def local_callee(self, func: cst.BaseExpression) -> LocalFunction | LocalClass | None:
+        """What a call's `func` names in a local module (absolute or relative import): the
+        function, or the class it instantiates; None when it is not a local definition."""
+        qualified = self.imports.qualify_local(func)
+        if qualified is None:
+            return None
+        return self.local.function(qualified) or self.local.class_(qualified)
+
+    def judge_guard_call(self, call: cst.Call) -> Scope | None:
+        """`if check_primary():` where `check_primary` (in this file or a local module)
+        returns a rank-0 test: a guard whatever its name (see `returns_rank_zero`)."""
+        function = self._called_function(call.func)
+        if function is None:
+            return None
+        if id(function) not in self._judged:
+            self._judged[id(function)] = returns_rank_zero(function)
+        return self._judged[id(function)]
+
+    def _called_function(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
+        if isinstance(func, cst.Name) and func.value not in self.imports.aliases:
+            if func.value in self.imports.relative:
+                found = self.local.function(self.imports.relative[func.value])
+                return found.node if found is not None else None
+            return self._own_functions().get(func.value)
+        qualified = self.imports.qualify_local(func)
+        found = self.local.function(qualified) if qualified is not None else None
+        return found.node if found is not None else None
+
+    def _own_functions(self) -> dict[str, cst.FunctionDef]:
+        if self._functions is None:
+            self._functions = {
+                statement.name.value: statement
+                for statement in self.module.body
+                if isinstance(statement, cst.FunctionDef)
+            }
+        return self._functions
+
+    def distributed_importers(self) -> list[Path]:
+        """The modules of the project that import this file and run distributed: what makes
+        a helper module's code run on every rank (empty for a script nobody imports)."""
+        return self.local.distributed_importers()
+
+    def ddp_wrapping_modules(self) -> list[Path]:
+        """Other modules of the project that wrap a model in DistributedDataParallel."""
+        return self.local.ddp_wrapping_modules()
+
+    def local_table_functions(self, table: cst.BaseExpression) -> list[LocalFunction]:
+        """The functions of an imported module-level table (`GETTERS[name](...)`)."""
+        qualified = self.imports.qualify_local(table)
+        return self.local.functions_in(qualified) if qualified is not None else []
 
     def qualify(self, expr: cst.BaseExpression) -> str | None:
         return self.imports.qualify(expr)
@@ -203,7 +257,8 @@ def _run_rules(
     rules = [rule_type(context) for rule_type in rule_types]
     collected: list[str] = []
     dispatcher = _Dispatcher(context, rules, collected)
-    walk(module, dispatcher.enter, dispatcher.leave)
+    with judging_calls_with(context.judge_guard_call):
+        walk(module, dispatcher.enter, dispatcher.leave)
     if crashes is None and collected:
         raise RuntimeError("; ".join(collected))
     if crashes is not None:

@@ -88,3 +88,30 @@ def test_the_private_device_mesh_path_is_the_public_one():
     source = "from torch.distributed._tensor.device_mesh import init_device_mesh"
     expected = "torch.distributed.device_mesh.init_device_mesh"
     assert qualify(source, "init_device_mesh") == expected
+
+
+def qualify_local(source: str, expr: str):
+    imports = ImportMap()
+    for stmt in cst.parse_module(source).body:
+        for small in getattr(stmt, "body", ()):
+            if isinstance(small, (cst.Import, cst.ImportFrom)):
+                imports.add(small)
+    return imports.qualify(cst.parse_expression(expr)), imports.qualify_local(
+        cst.parse_expression(expr)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expr", "expected"),
+    [
+        ("from .utils import save", "save", ".utils.save"),
+        ("from ..data.loaders import build as make", "make", "..data.loaders.build"),
+        ("from . import utils", "utils.save_on_master", ".utils.save_on_master"),
+        ("import utils", "utils.save", "utils.save"),  # absolute: what qualify says
+    ],
+)
+def test_relative_imports_are_qualified_for_the_project_only(source, expr, expected):
+    plain, local = qualify_local(source, expr)
+    assert local == expected
+    # `qualify` keeps answering for libraries only: a relative name is never a library's.
+    assert plain == (expected if not expected.startswith(".") else None)

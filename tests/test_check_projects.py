@@ -92,3 +92,282 @@ def test_the_cache_notices_a_change_in_the_helper_module(tmp_path):
     assert len(_findings(train, cache)) == 1  # served from the cache
     (tmp_path / "utils.py").write_text(UTILS.format(save=GUARDED))
     assert _findings(train, cache) == []  # train.py is unchanged, its helper is not
+
+
+# -- DDP027: a dataset getter of another module downloads ---------------------------------
+
+WORKER = """\
+import os
+
+import torch.distributed as dist
+{imports}
+
+dist.init_process_group("gloo")
+rank = int(os.environ["RANK"])
+{body}
+"""
+
+DATA = """\
+from torchvision import datasets
+
+
+def get_cifar10(root):
+    return datasets.CIFAR10(root, train=True, download={download})
+
+
+def get_mnist(root):
+    return datasets.MNIST(root, train=True, download=False)
+
+
+GETTERS = {{"cifar10": get_cifar10, "mnist": get_mnist}}
+
+
+class CifarData:
+    def __init__(self, root):
+        self.root = root
+
+    def train_set(self):
+        return datasets.CIFAR10(self.root, train=True, download={download})
+"""
+
+
+def _download_findings(path: Path) -> list[str]:
+    report = check_paths([str(path)], select_rules(["DDP027"]))
+    return [f"{d.location.row} {d.message}" for d in report.diagnostics]
+
+
+def _download_project(tmp_path: Path, imports: str, body: str, download: str = "True") -> Path:
+    (tmp_path / "data.py").write_text(DATA.format(download=download))
+    train = tmp_path / "train.py"
+    train.write_text(WORKER.format(imports=imports, body=body))
+    return train
+
+
+def test_a_dataset_getter_of_another_module_called_on_every_rank(tmp_path):
+    train = _download_project(tmp_path, "from data import get_cifar10", 'ds = get_cifar10("d")')
+    [finding] = _download_findings(train)
+    assert finding.startswith("8 `get_cifar10()` (defined in data.py), which downloads")
+
+
+def test_a_table_of_getters_is_read_through(tmp_path):
+    body = 'ds = data.GETTERS["cifar10"]("d")'
+    [finding] = _download_findings(_download_project(tmp_path, "import data", body))
+    assert finding.startswith("8 `data.GETTERS[...]` may call `get_cifar10` (defined in data.py)")
+
+
+def test_a_dataset_class_of_a_package_imported_relatively(tmp_path):
+    package = tmp_path / "proj"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    train = _download_project(package, "from .data import CifarData", 'ds = CifarData("d")')
+    [finding] = _download_findings(train)
+    assert finding.startswith("8 `CifarData` (defined in data.py), which downloads")
+
+
+def test_rank_zero_first_around_the_getter_is_quiet(tmp_path):
+    body = (
+        "if rank != 0:\n    dist.barrier()\n"
+        'ds = get_cifar10("d")\n'
+        "if rank == 0:\n    dist.barrier()"
+    )
+    train = _download_project(tmp_path, "from data import get_cifar10", body)
+    assert _download_findings(train) == []
+
+
+def test_the_others_waiting_only_after_the_getter_is_reported(tmp_path):
+    body = 'ds = get_cifar10("d")\nif rank != 0:\n    dist.barrier()\n'
+    body += "if rank == 0:\n    dist.barrier()"
+    train = _download_project(tmp_path, "from data import get_cifar10", body)
+    assert [f.split()[0] for f in _download_findings(train)] == ["8"]
+
+
+def test_a_getter_called_on_rank_zero_only_is_quiet(tmp_path):
+    body = 'if rank == 0:\n    get_cifar10("d")\ndist.barrier()'
+    train = _download_project(tmp_path, "from data import get_cifar10", body)
+    assert _download_findings(train) == []
+
+
+def test_a_getter_that_does_not_download_is_quiet(tmp_path):
+    imports = "from data import get_cifar10, get_mnist"
+    body = 'a = get_mnist("d")\nb = get_cifar10("d")'
+    assert _download_findings(_download_project(tmp_path, imports, body, "False")) == []
+
+
+def test_the_data_module_checked_alone_says_nothing(tmp_path):
+    _download_project(tmp_path, "from data import get_cifar10", 'ds = get_cifar10("d")')
+    assert _download_findings(tmp_path / "data.py") == []
+
+
+# -- DDP012: a load helper of another module drops the caller's device --------------------
+
+CHECKPOINTS = """\
+import torch
+
+
+def load_checkpoint(path, map_location=None):
+    return torch.load(path{passed})
+
+
+def load_weights(path, device):
+    state = torch.load(path{passed_device})
+    return {{k: v.to(device) for k, v in state.items()}}
+
+
+def load_plain(path):
+    return torch.load(path)
+"""
+
+DISTRIBUTED_TRAIN = """\
+import torch.distributed as dist
+
+from ckpt import load_checkpoint, load_plain, load_weights
+
+dist.init_process_group("nccl")
+state = load_checkpoint("a.pt", map_location="cpu")
+"""
+
+
+def _load_findings(path: Path) -> list[str]:
+    report = check_paths([str(path)], select_rules(["DDP012"]))
+    return [f"{d.location.row} {d.message}" for d in report.diagnostics]
+
+
+def _load_project(tmp_path: Path, train: str = DISTRIBUTED_TRAIN, fixed: bool = False) -> Path:
+    helper = tmp_path / "ckpt.py"
+    helper.write_text(
+        CHECKPOINTS.format(
+            passed=", map_location=map_location" if fixed else "",
+            passed_device=", map_location=device" if fixed else "",
+        )
+    )
+    (tmp_path / "train.py").write_text(train)
+    return helper
+
+
+def test_a_load_helper_that_drops_the_callers_device_is_reported_in_its_module(tmp_path):
+    findings = _load_findings(_load_project(tmp_path))
+    assert [f.split()[0] for f in findings] == ["5", "9"]
+    assert "`load_checkpoint()` takes `map_location` but its `torch.load` ignores it" in findings[0]
+    assert "(train.py runs distributed)" in findings[0]
+    assert "then moves them to `device`; pass `map_location=device`" in findings[1]
+
+
+def test_a_load_helper_that_passes_the_device_is_quiet(tmp_path):
+    assert _load_findings(_load_project(tmp_path, fixed=True)) == []
+
+
+def test_a_load_helper_of_a_single_process_project_is_quiet(tmp_path):
+    train = 'from ckpt import load_checkpoint\n\nstate = load_checkpoint("a.pt", "cpu")\n'
+    assert _load_findings(_load_project(tmp_path, train=train)) == []
+
+
+# -- DDP040: a trainer module accumulates; another module wraps the model in DDP ----------
+
+TRAINER = """\
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self, model, optimizer, accum):
+        self.model = model
+        self.optimizer = optimizer
+        self.accum = accum
+
+    def train_epoch(self, loader):
+        for step, (x, y) in enumerate(loader):
+            loss = self.model(x).sub(y).pow(2).mean()
+            loss.backward()
+            if (step + 1) % self.accum == 0:
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+        dist.barrier()
+"""
+
+LAUNCH = """\
+import torch
+import torch.distributed as dist
+
+from trainer import Trainer
+
+dist.init_process_group("gloo")
+model = {model}
+Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 4).train_epoch([])
+"""
+
+
+def _accumulation_findings(tmp_path: Path, model: str) -> list[str]:
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "launch.py").write_text(LAUNCH.format(model=model))
+    report = check_paths([str(tmp_path / "trainer.py")], select_rules(["DDP040"]))
+    return [f"{d.location.row} {d.severity.value} {d.message}" for d in report.diagnostics]
+
+
+def test_a_trainer_whose_model_another_module_wraps_in_ddp_is_told_at_info(tmp_path):
+    [finding] = _accumulation_findings(tmp_path, "DistributedDataParallel(torch.nn.Linear(2, 2))")
+    assert finding.startswith("13 info `loss.backward()` runs on every micro-step")
+    assert "if `self.model` is a DistributedDataParallel wrapper" in finding
+
+
+def test_a_trainer_in_a_project_that_never_wraps_in_ddp_is_quiet(tmp_path):
+    assert _accumulation_findings(tmp_path, "torch.nn.Linear(2, 2)") == []
+
+
+# -- guards judged by their body, wherever they are defined --------------------------------
+
+PRIMARY = """\
+import os
+
+import torch.distributed as dist
+
+
+def check_primary():
+    if not dist.is_initialized():
+        return True
+    return dist.get_rank() == 0
+
+
+def output_ready(path):
+    return os.path.isdir(path)
+"""
+
+SAVE_UNDER = """\
+import torch
+import torch.distributed as dist
+
+{imports}
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(2, 2)
+if {test}:
+    torch.save(model.state_dict(), "a.pt")
+"""
+
+
+def _guarded_save_findings(folder: Path, imports: str, test: str) -> list[str]:
+    (folder / "helpers.py").write_text(PRIMARY)
+    train = folder / "train.py"
+    train.write_text(SAVE_UNDER.format(imports=imports, test=test))
+    return _findings(train)
+
+
+def test_a_guard_helper_with_an_unusual_name_in_another_module_is_a_guard(tmp_path):
+    assert _guarded_save_findings(tmp_path, "import helpers", "helpers.check_primary()") == []
+
+
+def test_a_helper_that_is_not_about_ranks_is_no_guard(tmp_path):
+    imports = "from helpers import output_ready"
+    [finding] = _guarded_save_findings(tmp_path, imports, 'output_ready("out")')
+    assert finding.startswith("9 `torch.save` runs on every rank")
+
+
+def test_a_guard_helper_imported_relatively_in_a_package(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    imports = "from .helpers import check_primary"
+    assert _guarded_save_findings(tmp_path, imports, "check_primary()") == []
+
+
+def test_a_guard_helper_of_the_same_file_is_judged_by_its_body(tmp_path):
+    train = tmp_path / "train.py"
+    own = "def check_primary():\n    return dist.get_rank() == 0\n"
+    train.write_text(SAVE_UNDER.format(imports=own, test="check_primary()"))
+    assert _findings(train) == []

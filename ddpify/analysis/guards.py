@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Optional, Union
 
 import libcst as cst
 
 from ddpify.analysis.names import dotted
+from ddpify.walk import walk
 
 
 class Scope(enum.Enum):
@@ -111,6 +114,76 @@ def _predicate_scope(expr: cst.BaseExpression) -> Scope | None:
     if last is None or not (_PREDICATE.match(last) or _PROCESS_ZERO.match(last)):
         return None
     return Scope.LOCAL if "local" in last else Scope.GLOBAL
+
+
+# How to judge a call the names do not explain (`if utils.check_primary():`): by the body
+# of the function it calls, in this file or a local module. Set by the engine for the
+# file being checked (`judging_calls_with`); None elsewhere (a guard is then read by its
+# names alone, as before).
+_CALL_JUDGE: ContextVar[Callable[[cst.Call], Scope | None] | None] = ContextVar(
+    "ddpify_call_judge", default=None
+)
+
+
+@contextmanager
+def judging_calls_with(judge: Callable[[cst.Call], Scope | None] | None) -> Iterator[None]:
+    token = _CALL_JUDGE.set(judge)
+    try:
+        yield
+    finally:
+        _CALL_JUDGE.reset(token)
+
+
+def _judged_call_scope(expr: cst.BaseExpression) -> Scope | None:
+    judge = _CALL_JUDGE.get()
+    if judge is None or not isinstance(expr, cst.Call):
+        return None
+    with judging_calls_with(None):  # the helper's body is read by names alone
+        return judge(expr)
+
+
+def returns_rank_zero(func: cst.FunctionDef) -> Scope | None:
+    """Whether `func` is a rank-0 predicate whatever its name: every `return` gives a
+    rank-0 test (`return dist.get_rank() == 0`, `return rank in (-1, 0)`), or `True` only
+    where the job is not distributed (`if not dist.is_initialized(): return True`)."""
+    scopes: list[Scope] = []
+    ancestors: list[cst.CSTNode] = []
+    state = {"nested": 0, "failed": False}
+    definitions = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+
+    def enter(node: cst.CSTNode) -> None:
+        ancestors.append(node)
+        if isinstance(node, definitions) and node is not func:
+            state["nested"] += 1  # a nested definition's returns are not ours
+        if not isinstance(node, cst.Return) or state["nested"]:
+            return
+        guard = classify(node.value) if node.value is not None else None
+        if guard is not None and guard[0] is Guard.RANK_ZERO:
+            scopes.append(guard[1])
+        elif not (_is_true(node.value) and _single_process_branch(ancestors)):
+            state["failed"] = True
+
+    def leave(node: cst.CSTNode) -> None:
+        ancestors.pop()
+        if isinstance(node, definitions) and node is not func:
+            state["nested"] -= 1
+
+    walk(func, enter, leave)
+    if state["failed"] or not scopes:
+        return None
+    return Scope.LOCAL if Scope.LOCAL in scopes else Scope.GLOBAL
+
+
+def _is_true(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "True"
+
+
+def _single_process_branch(ancestors: Sequence[cst.CSTNode]) -> bool:
+    for parent, child in zip(ancestors, ancestors[1:]):
+        if isinstance(parent, cst.If) and child is not parent.test:
+            if single_process_only(parent.test, orelse=child is not parent.body):
+                return True
+    return False
 
 
 def _is_distributed_test(expr: cst.BaseExpression) -> bool:
@@ -245,7 +318,7 @@ def _facts(test: cst.BaseExpression) -> _Facts:
         if facts == _NOTHING and _is_distributed_test(test):
             return _Facts(orelse=_Single.PROCESS)
         return facts
-    scope = _predicate_scope(test)
+    scope = _predicate_scope(test) or _judged_call_scope(test)
     if scope is not None:
         return _Facts(body=scope)
     if _is_distributed_test(test):

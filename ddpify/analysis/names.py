@@ -59,6 +59,9 @@ class ImportMap:
         self.aliases: dict[str, str] = {}
         self.modules: set[str] = set()
         self.star_imports = False  # `from models import *` may bind `torch` and `nn`
+        # `from .utils import save` -> {"save": ".utils.save"}: a module of this package,
+        # kept apart so `qualify` never mistakes it for a library name.
+        self.relative: dict[str, str] = {}
 
     def add(self, node: cst.Import | cst.ImportFrom) -> None:
         if isinstance(node, cst.Import):
@@ -75,7 +78,10 @@ class ImportMap:
                     top = full.split(".")[0]
                     self.aliases[top] = top
             return
-        if node.relative or node.module is None:
+        if node.relative:
+            self._add_relative(node)
+            return
+        if node.module is None:
             return
         module = _module_path(node.module)
         if module is None:
@@ -92,6 +98,35 @@ class ImportMap:
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 local = alias.asname.name.value
             self.aliases[local] = f"{module}.{name}"
+
+    def _add_relative(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        dots = "." * len(node.relative)
+        module = _module_path(node.module) if node.module is not None else ""
+        prefix = f"{dots}{module}." if module else dots
+        for alias in node.names:
+            if not isinstance(alias.name, cst.Name):
+                continue
+            local = alias.name.value
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self.relative[local] = f"{prefix}{alias.name.value}"
+
+    def qualify_local(self, node: cst.BaseExpression) -> str | None:
+        """What `qualify` answers, or for a name bound by a relative import the name as
+        the import wrote it (`..utils.save`): for finding helpers in the project."""
+        found = self.qualify(node)
+        if found is not None:
+            return found
+        path = dotted(node)
+        if path is None:
+            return None
+        head, _, rest = path.partition(".")
+        base = self.relative.get(head)
+        if base is None:
+            return None
+        return f"{base}.{rest}" if rest else base
 
     def qualify(self, node: cst.BaseExpression) -> str | None:
         """The canonical dotted name `node` refers to, or None if it is not imported."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -377,8 +379,29 @@ class LocalFunction:
     digest: str  # sha256 of the module's bytes: a cached result depends on it
 
 
+@dataclass
+class LocalClass:
+    """A class a checked file imports from a local module (`from data import MyDataset`)."""
+
+    node: cst.ClassDef
+    imports: ImportMap
+    path: Path
+    digest: str
+
+    def methods(self) -> list[cst.FunctionDef]:
+        body = self.node.body.body if isinstance(self.node.body, cst.IndentedBlock) else ()
+        return [statement for statement in body if isinstance(statement, cst.FunctionDef)]
+
+
+_Definition = cst.FunctionDef | cst.ClassDef | cst.BaseExpression
+
+
 class LocalFunctions:
     """`utils.save_checkpoint` -> its definition in ./utils.py, for a file being checked.
+
+    Names come from `ImportMap.qualify_local`: absolute (`utils.save_checkpoint`) or as a
+    relative import wrote them (`.utils.save_checkpoint`, `..data.build_loader`), which
+    resolve from the checked file's package.
 
     Lazy: nothing is read until a rule asks about an imported name, and then only the
     module it names (beside the file, or up to MAX_ROOT_ASCENT directories above, inside
@@ -389,31 +412,102 @@ class LocalFunctions:
     def __init__(self, filename: str | None) -> None:
         self.file = Path(filename).resolve() if filename else None
         self.used: dict[str, str] = {}  # path -> digest of each module consulted
-        self._found: dict[str, LocalFunction | None] = {}
+        self._found: dict[str, tuple[_Definition, ImportMap, Path, str] | None] = {}
 
     def function(self, qualified: str) -> LocalFunction | None:
-        if self.file is None or "." not in qualified or qualified.startswith("torch."):
+        found = self._definition(qualified)
+        if found is None or not isinstance(found[0], cst.FunctionDef):
+            return None
+        return LocalFunction(*found)
+
+    def class_(self, qualified: str) -> LocalClass | None:
+        found = self._definition(qualified)
+        if found is None or not isinstance(found[0], cst.ClassDef):
+            return None
+        return LocalClass(*found)
+
+    def functions_in(self, qualified: str) -> list[LocalFunction]:
+        """The functions a module-level table holds (`DATASET_GETTERS = {"cifar10":
+        get_cifar10, ...}`, a list or tuple of them), each defined in the same module;
+        empty when `qualified` is no such table."""
+        found = self._definition(qualified)
+        if found is None or not isinstance(found[0], (cst.Dict, cst.List, cst.Tuple)):
+            return []
+        table, imports, path, digest = found
+        elements = (
+            [element.value for element in table.elements if isinstance(element, cst.DictElement)]
+            if isinstance(table, cst.Dict)
+            else [element.value for element in table.elements]
+        )
+        module_name = qualified.rpartition(".")[0]
+        functions = []
+        for value in elements:
+            if isinstance(value, cst.Name):
+                function = self.function(f"{module_name}.{value.value}")
+                if function is not None and function.path == path:
+                    functions.append(function)
+        return functions
+
+    def _definition(self, qualified: str) -> tuple[_Definition, ImportMap, Path, str] | None:
+        if self.file is None or qualified.startswith("torch."):
+            return None
+        if "." not in qualified:
             return None
         if qualified not in self._found:
             self._found[qualified] = self._lookup(qualified)
         found = self._found[qualified]
         if found is not None:
-            self.used[str(found.path)] = found.digest
+            self.used[str(found[2])] = found[3]
         return found
 
-    def _lookup(self, qualified: str) -> LocalFunction | None:
-        module_name, _, name = qualified.rpartition(".")
+    def distributed_importers(self) -> list[Path]:
+        """The modules of the project that import the checked file and run distributed
+        (see `distributed_importers`); each is recorded as a dependency of the result."""
+        if self.file is None:
+            return []
+        found = distributed_importers(self.file)
+        for path, digest in found:
+            self.used[str(path)] = digest
+        return [path for path, _ in found]
+
+    def ddp_wrapping_modules(self) -> list[Path]:
+        """The other modules of the project that wrap models in DDP (recorded as
+        dependencies of the result)."""
+        if self.file is None:
+            return []
+        found = ddp_wrapping_modules(self.file)
+        for path, digest in found:
+            self.used[str(path)] = digest
+        return [path for path, _ in found]
+
+    def _candidates(self, module_name: str) -> list[Path]:
+        """The files that may define names of `module_name`, the most specific first."""
+        assert self.file is not None
         boundary = _common_root([self.file])
-        for path in _resolve_absolute(module_name, _roots([self.file], boundary), boundary):
-            if path.name == "__init__.py" and module_name.split(".")[-1] != path.parent.name:
-                continue
+        if module_name.startswith("."):
+            dotted = module_name.lstrip(".")
+            level = len(module_name) - len(dotted)
+            found = _resolve_relative(self.file, level, dotted or None, (), boundary)
+            return list(reversed(found))
+        found = _resolve_absolute(module_name, _roots([self.file], boundary), boundary)
+        return [
+            path
+            for path in reversed(found)
+            if path.name != "__init__.py" or module_name.split(".")[-1] == path.parent.name
+        ]
+
+    def _lookup(self, qualified: str) -> tuple[_Definition, ImportMap, Path, str] | None:
+        dots = len(qualified) - len(qualified.lstrip("."))
+        module_name, _, name = qualified[dots:].rpartition(".")
+        module_name = "." * dots + module_name  # `.helper` -> the package's __init__.py
+        for path in self._candidates(module_name):
             parsed = self._parse(path)
             if parsed is None:
                 continue
             module, imports, digest = parsed
-            for statement in module.body:
-                if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
-                    return LocalFunction(statement, imports, path, digest)
+            definition = _top_level(module, name)
+            if definition is not None:
+                return definition, imports, path, digest
         return None
 
     @classmethod
@@ -426,6 +520,108 @@ class LocalFunctions:
         if key not in cls._parsed:
             cls._parsed[key] = _parse_module(path)
         return cls._parsed[key]
+
+
+# -- who imports a helper module -------------------------------------------------------------
+
+# A file that runs several processes says so in one of these words. A textual test on
+# purpose: it decides which few files are worth resolving the imports of.
+_DISTRIBUTED_WORDS = re.compile(
+    r"init_process_group|DistributedDataParallel|DistributedSampler|LOCAL_RANK"
+)
+MAX_SCANNED_FILES = 2000
+# (path, mtime, size) -> (text, digest) if the file looks distributed, else None.
+_scanned: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
+
+
+def distributed_importers(path: Path) -> list[tuple[Path, str]]:
+    """(path, sha256) of the modules of `path`'s project (its repository or package root,
+    as `_common_root` finds it) that import `path` and run distributed: a helper module's
+    only evidence that its code runs on every rank. Asked only by a rule that has a
+    candidate finding in a helper module; scans at most MAX_SCANNED_FILES files (each
+    read once while unchanged); only those that name the module are parsed."""
+    path = path.resolve()
+    root = _common_root([path])
+    stem = path.parent.name if path.name == "__init__.py" else path.stem
+    found = []
+    for other, text, digest in _files_of(root):
+        if other == path or stem not in text:
+            continue
+        imported = (found for found, _ in local_imports(other, text, [other], root))
+        if path in imported:
+            found.append((other, digest))
+    return found
+
+
+# `DistributedDataParallel(` in code (not in a comment): the project wraps a model itself.
+_WRAPS_IN_DDP = re.compile(r"^[^#\n]*\bDistributedDataParallel\b", re.M)
+
+
+def ddp_wrapping_modules(path: Path) -> list[tuple[Path, str]]:
+    """(path, sha256) of the modules of `path`'s project that name DistributedDataParallel
+    in code: evidence that a model a helper module receives (a trainer's `self.model`)
+    may be a DDP wrapper, when nothing in the helper module says so."""
+    path = path.resolve()
+    root = _common_root([path])
+    return [
+        (other, digest)
+        for other, text, digest in _files_of(root)
+        if other != path and _WRAPS_IN_DDP.search(text)
+    ]
+
+
+def _files_of(root: Path) -> list[tuple[Path, str, str]]:
+    """The Python files below `root` that look distributed, with their text and digest."""
+    files = []
+    for index, path in enumerate(_python_files(root)):
+        if index >= MAX_SCANNED_FILES:
+            break
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        key = (path, info.st_mtime_ns, info.st_size)
+        if key not in _scanned:
+            _scanned[key] = _scan(path)
+        if _scanned[key] is not None:
+            text, digest = _scanned[key]
+            files.append((path.resolve(), text, digest))
+    return files
+
+
+def _scan(path: Path) -> tuple[str, str] | None:
+    try:
+        data = read_bounded(path)
+    except SourceError:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    if not _DISTRIBUTED_WORDS.search(text):
+        return None
+    return text, hashlib.sha256(data).hexdigest()
+
+
+def _python_files(root: Path) -> Iterator[Path]:
+    for directory, folders, names in os.walk(root):
+        folders[:] = sorted(f for f in folders if not f.startswith(".") and f not in _NOT_SOURCE)
+        for name in sorted(names):
+            if name.endswith(".py"):
+                yield Path(directory) / name
+
+
+def _top_level(module: cst.Module, name: str) -> _Definition | None:
+    """The last top-level `def name`, `class name` or `name = value` of `module`."""
+    found: _Definition | None = None
+    for statement in module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            if statement.name.value == name:
+                found = statement
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Assign) and any(
+                    isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets
+                ):
+                    found = small.value
+    return found
 
 
 def _parse_module(path: Path) -> tuple[cst.Module, ImportMap, str] | None:

@@ -5,7 +5,7 @@ import libcst as cst
 from ddpify.analysis.names import find_arg, method_name
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
-from ddpify.rules.devices._common import DistributedRule
+from ddpify.rules.devices._common import DistributedRule, function_parameters
 from ddpify.walk import walk
 
 TORCH_LOAD = "torch.load"
@@ -38,6 +38,8 @@ class LoadWithoutMapLocation(DistributedRule):
         super().__init__(context)
         self.loads: list[tuple[cst.Call, bool]] = []
         self.mentions_cuda = False
+        # Loads in a function that takes the caller's device: a helper module's candidates.
+        self.helper_loads: list[tuple[cst.Call, cst.FunctionDef, str, bool]] = []
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         raw = node.raw_value
@@ -56,6 +58,22 @@ class LoadWithoutMapLocation(DistributedRule):
         if self._other_branch_maps():
             return
         self.loads.append((node, self._feeds_load_state_dict()))
+        self._note_helper_load(node)
+
+    def _note_helper_load(self, node: cst.Call) -> None:
+        """`def pt_load(path, map_location=None): torch.load(path)`, or `def load(w, device):
+        torch.load(w).to(device)`: the caller says where to restore and the load ignores it."""
+        function = self.context.enclosing(cst.FunctionDef)
+        if not isinstance(function, cst.FunctionDef):
+            return
+        parameters = function_parameters(function)
+        if "map_location" in parameters:
+            self.helper_loads.append((node, function, "map_location", True))
+            return
+        for device in sorted(parameters & _DEVICE_PARAMETERS):
+            if _moves_to(function, device):
+                self.helper_loads.append((node, function, device, False))
+                return
 
     def _other_branch_maps(self) -> bool:
         """`if args.gpu is None: torch.load(p) else: torch.load(p, map_location=loc)`:
@@ -93,6 +111,8 @@ class LoadWithoutMapLocation(DistributedRule):
         )
 
     def leave_Module(self, node: cst.Module) -> None:
+        if not self.is_distributed() and self.model.framework is None and self.helper_loads:
+            self._report_helper_loads()
         if not self.is_distributed() or not self._uses_cuda():
             return
         for call, into_state_dict in self.loads:
@@ -111,6 +131,31 @@ class LoadWithoutMapLocation(DistributedRule):
                 fix=fix,
             )
 
+    def _report_helper_loads(self) -> None:
+        """In a helper module (not distributed itself) that a distributed module of the
+        project imports: a load that drops the device its caller asked for runs on every
+        rank that calls it, restoring onto the GPU that saved the checkpoint."""
+        importers = self.context.distributed_importers()
+        if not importers:
+            return
+        user = importers[0].name
+        for call, function, parameter, dropped in self.helper_loads:
+            name = function.name.value
+            if dropped:
+                message = (
+                    f"`{name}()` takes `map_location` but its `torch.load` ignores it, so every "
+                    f"rank that calls it ({user} runs distributed) restores the tensors onto "
+                    "the GPU that saved them; pass `map_location=map_location`"
+                )
+            else:
+                message = (
+                    f"`torch.load` in `{name}()` has no `map_location`, so every rank that calls "
+                    f"it ({user} runs distributed) first restores the tensors onto the GPU that "
+                    f"saved them, then moves them to `{parameter}`; pass "
+                    f"`map_location={parameter}`"
+                )
+            self.report(call, message)
+
     def _uses_cuda(self) -> bool:
         model = self.model
         return (
@@ -118,3 +163,25 @@ class LoadWithoutMapLocation(DistributedRule):
             or bool(model.method_calls.get("cuda"))
             or any(name.startswith("torch.cuda.") for name in model.calls)
         )
+
+
+# Parameter names that carry the device a caller wants the checkpoint on.
+_DEVICE_PARAMETERS = frozenset({"device", "map_location", "target_device", "dev"})
+
+
+def _moves_to(function: cst.FunctionDef, device: str) -> bool:
+    """Whether `function` calls `.to(device)` or `.cuda(device)` on something."""
+    found: list[bool] = []
+
+    def visit(node: cst.CSTNode) -> None:
+        if (
+            isinstance(node, cst.Call)
+            and method_name(node) in {"to", "cuda"}
+            and node.args
+            and isinstance(node.args[0].value, cst.Name)
+            and node.args[0].value.value == device
+        ):
+            found.append(True)
+
+    walk(function, visit, lambda node: None)
+    return bool(found)

@@ -79,6 +79,8 @@ class AccumulationWithoutNoSync(LoopRule):
         wrappers = ddp_wrappers(model)
         imports_ddp = DDP in self.context.imports.aliases.values()
         if not wrappers and not imports_ddp:
+            imports_ddp = self._wrapped_in_another_module()
+        if not wrappers and not imports_ddp:
             return
         # A loop body, or a `train_step` function called once per micro-step.
         for unit in self.loops.units_with_backward():
@@ -91,6 +93,20 @@ class AccumulationWithoutNoSync(LoopRule):
                 self._report(found)
             elif imports_ddp:
                 self._report_unknown_wrapper(model, unit)
+
+    def _wrapped_in_another_module(self) -> bool:
+        """A distributed module (a trainer) whose model arrives from elsewhere, in a project
+        where another module wraps models in DDP: the wrapper may well be what it trains.
+        Asked only when the file has an accumulation loop (the project scan is lazy)."""
+        model = self.context.model
+        if not model.is_distributed or model.framework is not None:
+            return False
+        units = [
+            unit for unit in self.loops.units_with_backward() if not self.loops.no_sync_near(unit)
+        ]
+        if not any(_accumulation(model, u, {"<any>"}, any_model=True) for u in units):
+            return False
+        return bool(self.context.ddp_wrapping_modules())
 
     def _report_unknown_wrapper(self, model, unit: Located) -> None:
         """The model is wrapped elsewhere (it arrives as an argument or attribute):
