@@ -16,6 +16,7 @@ from ddpify.analysis.roles import (
     project_optimizer_calls,
     stored_models,
     trained_model_names,
+    trained_owners,
 )
 from ddpify.analysis.trained import parameter_owners
 from ddpify.analysis.tree import Tree, mentions
@@ -372,7 +373,7 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call]) -> list:
     per-layer optimizer resolves to the `model` it belongs to."""
     found = []
     for optimizer in optimizers:
-        for owner in parameter_owners(optimizer):
+        for owner in trained_owners(tree.view, optimizer):
             resolved = _resolve_owner(tree, owner, optimizer)
             if resolved is None:
                 line = _first_line(tree.code(tree.statement(optimizer)))
@@ -455,7 +456,13 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
         if receiver is not None and dotted(receiver) == target and method_name(call) in PREPARES:
             return True
-    return False
+    # `AdamW(model.get_parameters())`: a parameter-group method of the model's own class
+    # is not an attribute of the DDP wrapper, so that optimizer is built before the wrap
+    # (it sees the same parameters either way).
+    return any(
+        not parameter_owners(call) and target in trained_owners(tree.view, call)
+        for call in tree.within(stmt, cst.Call)
+    )
 
 
 def _trains(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
