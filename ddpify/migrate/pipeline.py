@@ -24,7 +24,7 @@ from ddpify.gates import (
     comments,
 )
 from ddpify.guarded import GaveUp, guarded
-from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wrap
+from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, shared_dirs, wrap
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze_project
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.report import HumanItem, MigrationResult
@@ -38,6 +38,7 @@ PASSES: list[Pass] = [
     (data.NAME, data.run),
     (amp.NAME, amp.run),
     (rank_zero.NAME, rank_zero.run),
+    (shared_dirs.NAME, shared_dirs.run),
     (imports.NAME, imports.run),
 ]
 

@@ -96,7 +96,32 @@ def _writers(tree: Tree, plan: Plan, edits: Edits, rank: str) -> set[str]:
         plan.change(
             NAME, f"{target} is created on rank 0 only", f"if {rank} == 0 else None", "DDP052"
         )
-    return names
+    return names | _writer_aliases(tree)
+
+
+def _writer_aliases(tree: Tree) -> set[str]:
+    """A writer kept in an attribute travels (`config.tb_logger = SummaryWriter(...)`,
+    read in another module as `tb_logger = self.config.tb_logger`): the names in this
+    module bound to, or spelled as, an attribute of that name anywhere in the project."""
+    attributes = set()
+    for call in tree.view.find(cst.Call):
+        name = tree.view.qualify(call.func) or dotted(call.func) or ""
+        if name.rsplit(".", 1)[-1] not in WRITER_CLASSES:
+            continue
+        statement = tree.view.statement(call)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Attribute):
+            attributes.add(small.targets[0].target.attr.value)
+    found = set()
+    for node in tree.find(cst.Attribute, lambda a: a.attr.value in attributes):
+        spelled = dotted(node)
+        if spelled:
+            found.add(spelled)
+        statement = tree.statement(node)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and small.value is node:
+            found |= {dotted(t.target) for t in small.targets} - {None}  # type: ignore[arg-type]
+    return found
 
 
 def _side_effects(tree: Tree, writers: set[str]) -> list[cst.BaseStatement]:
