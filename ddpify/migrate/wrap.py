@@ -122,6 +122,27 @@ def run(tree: Tree, plan: Plan) -> Edits:
     return edits
 
 
+def _returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) -> set[str]:
+    """`model = DataParallel(model)` in a builder that returns `model`, where a caller
+    keeps the result as the trained model (`self.model = self._build_model().to(dev)`):
+    the names the callers keep it in."""
+    func = tree.function(statement)
+    if func is None:
+        return set()
+    returns = [r for r in tree.within(func, cst.Return) if r.value is not None]
+    if not any(dotted(r.value) in names for r in returns):
+        return set()
+    trained = trained_model_names(tree)
+    name = func.name.value
+    kept = set()
+    for call in tree.view.find(cst.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
+            target = bound_target(tree, call)
+            if target in trained:
+                kept.add(target)
+    return kept
+
+
 def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
@@ -174,7 +195,11 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         inner = tree.code(call.args[0].value)
         statement = tree.statement(call)
         target = bound_target(tree, call)
-        if not plan.entry and not ({inner, target} & trained_model_names(tree)):
+        kept_as = _returned_into_trained(tree, statement, {inner, target})
+        # `self.model = self._build_model()`: this class's own uses of `self.model` now
+        # reach the wrapper (the wrap is recorded where the builder wraps).
+        wrapped += [(name, statement) for name in sorted(kept_as) if name.startswith("self.")]
+        if not plan.entry and not ({inner, target} & trained_model_names(tree)) and not kept_as:
             # A helper module's copy (an EMA model): DDP is for the module that trains.
             plan.needs_human(
                 f"DataParallel of `{inner}`, which no optimizer trains, is left as it is; "
