@@ -14,7 +14,7 @@ from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
-from ddpify.migrate.analyze import Plan, training_loops
+from ddpify.migrate.analyze import Plan, backward_calls, training_loops
 from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
 
@@ -276,13 +276,19 @@ def _progress_bars(tree: Tree, plan: Plan, edits: Edits, rank: str) -> None:
 def _barriers(tree: Tree, plan: Plan, edits: Edits) -> None:
     """Rank 0 writes a checkpoint that every rank then loads: wait for the write."""
     saves = tree.calls_to("torch.save")
-    if not saves:
+    saved_elsewhere = bool(tree.view.calls_to("torch.save"))
+    if not saves and not saved_elsewhere:
         return
     barriers = tree.find(cst.Call, lambda c: method_name(c) == "barrier")
     done = set()
     for load in tree.calls_to("torch.load"):
         scope = tree.scope(load)
         earlier = [s for s in saves if tree.scope(s) is scope and tree.after(load, s)]
+        if not earlier and saved_elsewhere:
+            # The best checkpoint reloaded after training, saved by a helper of another
+            # module or method (`early_stopping(loss, model, path)` in the loop).
+            earlier = [b for b in backward_calls(tree) if tree.scope(b) is scope]
+            earlier = [b for b in earlier if tree.after(load, b)]
         if not earlier or rank_zero_scope(tree.ancestors(load)) is not None:
             continue
         if any(tree.after(b, earlier[-1]) and tree.after(load, b) for b in barriers):
