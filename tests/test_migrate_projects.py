@@ -236,3 +236,29 @@ def test_a_loader_over_a_subclass_of_an_iterable_dataset_is_refused(tmp_path):
     migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
     assert not migration.migrated
     assert "`train` is an IterableDataset, which takes no sampler" in migration.entry.reason
+
+
+def test_no_step_found_names_the_imports_chosen_at_run_time(tmp_path):
+    """A model registry (`importlib.import_module("models." + name + "_model")`) hides
+    the module that trains; the refusal says where the search stopped and what to do."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text(
+        "import importlib\n\n\n"
+        "def create_model(name):\n"
+        '    lib = importlib.import_module("models." + name + "_model")\n'
+        "    return lib.Model()\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom models import create_model\n\n"
+        "model = create_model('gan')\n"
+        "for batch in torch.randn(4, 2):\n"
+        "    model.optimize_parameters(batch)\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert not migration.migrated
+    reason = migration.entry.reason
+    assert reason.startswith("no training step (`loss.backward()`)")
+    assert '`lib = importlib.import_module("models." + name + "_model")` imports' in reason
+    assert "import the module that trains explicitly" in reason

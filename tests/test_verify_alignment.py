@@ -150,6 +150,28 @@ def test_the_batch_dimension_of_a_draw():
     assert draws.batch_dim((64, 100), "randn") is None  # not a per-sample draw
 
 
+class DrawingStub(StubProbe):
+    def check_rng(self) -> None:
+        pass
+
+    def rng_drawn(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [((0, 10, (5,)), {}), ((10,), {"size": (5,)}), ((), {"low": 0, "high": 10, "size": (5,)})],
+)
+def test_randint_draws_what_torch_draws_however_its_arguments_are_spelled(args, kwargs):
+    """`torch.randint(low=0, high=n, size=s)` (DDIM's timesteps) once raised a TypeError
+    under the probe, and verify then saw no optimizer step."""
+    randint = probe.RandomDraws(DrawingStub(0, 1)).randint(torch.randint)
+    torch.manual_seed(0)
+    got = randint(*args, **dict(kwargs))
+    torch.manual_seed(0)
+    assert torch.equal(got, torch.randint(*args, **kwargs))
+
+
 # -- BatchNorm ----------------------------------------------------------------------------------
 
 

@@ -796,11 +796,19 @@ class RandomDraws:
                 size, args = args[-1], args[:-1]
             else:
                 return native(*args, **kwargs)
+
+            def call(full):
+                # `randint(low=0, high=n, size=s)`: with low/high given by keyword, the
+                # size must be one too (no positional argument may follow them).
+                if "low" in kwargs or "high" in kwargs:
+                    return native(*args, size=full, **kwargs)
+                return native(*args, full, **kwargs)
+
             if kwargs.get("generator") is not None or kwargs.get("out") is not None:
-                return native(*args, size, **kwargs)
+                return call(size)
             grad = kwargs.pop("requires_grad", False)
             device = kwargs.get("device")
-            tensor = self.draw(lambda full: native(*args, full, **kwargs), size, "randint", device)
+            tensor = self.draw(call, size, "randint", device)
             return tensor.requires_grad_(True) if grad else tensor
 
         return draw
