@@ -262,3 +262,39 @@ def test_no_step_found_names_the_imports_chosen_at_run_time(tmp_path):
     assert reason.startswith("no training step (`loss.backward()`)")
     assert '`lib = importlib.import_module("models." + name + "_model")` imports' in reason
     assert "import the module that trains explicitly" in reason
+
+
+def test_a_model_trained_through_an_optimizer_factory_is_wrapped(tmp_path):
+    """`get_optimizer(config, model.parameters())` in a helper module that builds
+    `optim.Adam(parameters)`: `model` is what trains, so its DataParallel becomes DDP
+    (left as it was, the ranks would train separate copies)."""
+    (tmp_path / "functions.py").write_text(
+        "import torch.optim as optim\n\n\n"
+        "def get_optimizer(config, parameters):\n"
+        "    return optim.Adam(parameters, lr=config['lr'])\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "runner.py").write_text(
+        "import torch\nfrom functions import get_optimizer\n\n\n"
+        "def train(config):\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=4)\n"
+        "    model = torch.nn.Linear(2, 1)\n"
+        "    model = torch.nn.DataParallel(model)\n"
+        "    optimizer = get_optimizer(config, model.parameters())\n"
+        "    for x, y in loader:\n"
+        "        optimizer.zero_grad()\n"
+        "        loss = ((model(x) - y) ** 2).mean()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "from runner import train\n\ntrain({'lr': 0.1})\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    runner = next(r for r in migration.results if r.filename.endswith("runner.py"))
+    assert "model = DDP(model" in runner.output
+    assert "nn.DataParallel" not in runner.output

@@ -129,6 +129,8 @@ def trained_owners(view, optimizer: cst.Call) -> list[str]:
         return owners
     first = find_arg(optimizer, "params", 0)
     value = first.value if first is not None else None
+    if isinstance(value, cst.Name):
+        return _owners_through_factory(view, optimizer, value.value)
     if (
         isinstance(value, cst.Call)
         and isinstance(value.func, cst.Attribute)
@@ -137,6 +139,29 @@ def trained_owners(view, optimizer: cst.Call) -> list[str]:
     ):
         return [dotted(value.func.value)]  # type: ignore[list-item]
     return []
+
+
+def _owners_through_factory(view, optimizer: cst.Call, param: str) -> list[str]:
+    """`get_optimizer(config, model.parameters())` calling a factory that builds
+    `optim.Adam(parameters, ...)`: the owners of what its callers pass as `parameters`."""
+    func = view.function(optimizer)
+    if func is None:
+        return []
+    params = [p.name.value for p in func.params.params]
+    if param not in params:
+        return []
+    index = params.index(param)
+    if params and params[0] in ("self", "cls"):
+        index -= 1
+    owners: list[str] = []
+    name = func.name.value
+    for call in view.find(cst.Call, lambda c: (dotted(c.func) or "").rsplit(".", 1)[-1] == name):
+        arg = find_arg(call, param, index)
+        if arg is None:
+            continue
+        fake = cst.Call(func=cst.Name("optimizer"), args=[arg.with_changes(keyword=None)])
+        owners += [o for o in parameter_owners(fake) if o not in owners]
+    return owners
 
 
 def _parameter_group_methods(view) -> frozenset[str]:

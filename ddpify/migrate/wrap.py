@@ -146,8 +146,9 @@ def _returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set)
 def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
-    code = tree.module.code
-    return "BatchNorm" in code and "convert_sync_batchnorm" not in code
+    # The model's layers may live in another module of the project (models/, layers/).
+    codes = [t.module.code for t in getattr(tree.view, "trees", [tree])]
+    return any("BatchNorm" in c for c in codes) and "convert_sync_batchnorm" not in tree.module.code
 
 
 def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
@@ -311,7 +312,12 @@ def _wrap_after_condition(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, 
     in_body = owner.orelse is None and tree.inside(statement, owner.body)
     ids = _device_ids_when(tree, owner.test, True, suffix) if in_body else None
     ddp = _ddp_call(tree, plan, target, device_ids=ids)
-    edits.after[place].append(snippets.statement(f"{target} = {ddp}"))
+    wrap = snippets.statement(f"{target} = {ddp}")
+    # DataParallel on both branches (`if a: ... DataParallel(m) else: ... DataParallel(m)`)
+    # comes out as one wrap after the `if`.
+    placed = [cst.Module([]).code_for_node(s) for s in edits.after[place]]
+    if cst.Module([]).code_for_node(wrap) not in placed:
+        edits.after[place].append(wrap)
     plan.needs_human(
         f"DataParallel was applied only when a condition held; DDP now wraps `{target}` on "
         "every path (CPU runs too), so `.module` and checkpoint keys are the same on all of them",
