@@ -1013,6 +1013,20 @@ def strip_wrappers(name: str) -> str:
     return name
 
 
+def project_mentions_sync_batch_norm(script: str) -> bool:
+    """The script, or a local module it imports (a project migrated as a whole converts
+    where its model is wrapped, e.g. exp/exp_forecast.py), names SyncBatchNorm."""
+    if mentions_sync_batch_norm(script):
+        return True
+    try:
+        from ddpify.analysis.project import Project
+
+        project = Project.discover([script])
+    except Exception:  # an unreadable module: judge by the script alone
+        return False
+    return any(mentions_sync_batch_norm(str(path)) for path in list(project.modules)[1:])
+
+
 def mentions_sync_batch_norm(path: str) -> bool:
     """Whether the script's code (not its comments or strings) names SyncBatchNorm or
     convert_sync_batchnorm: migrate writes the conversion under a CUDA guard."""
@@ -1062,7 +1076,7 @@ def main() -> int:
     open(os.path.join(pid_dir, str(os.getpid())), "w").close()
     script, argv = sys.argv[1], sys.argv[2:]
     probe = Probe(config)
-    probe.script_converts_sync_bn = mentions_sync_batch_norm(script)
+    probe.script_converts_sync_bn = project_mentions_sync_batch_norm(script)
     probe.install()
     try:
         run_script(script, argv, config.get("display_path") or script)
