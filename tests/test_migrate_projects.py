@@ -200,3 +200,101 @@ def test_the_readme_command_runs_a_project_end_to_end(tmp_path):
     assert (work / "minigpt" / "engine.py").read_text() == (
         PROJECTS / "package_relative" / "after" / "minigpt" / "engine.py"
     ).read_text()
+
+
+def test_a_loader_over_a_subclass_of_an_iterable_dataset_is_refused(tmp_path):
+    """`Subset(Stream)` with `Stream(IterableDataset)` in another module takes no sampler
+    either: a DistributedSampler there would crash, so migrate says why instead."""
+    (tmp_path / "data.py").write_text(
+        "import torch\n"
+        "from torch.utils.data import IterableDataset\n\n\n"
+        "class Stream(IterableDataset):\n"
+        "    def __init__(self, rows):\n"
+        "        self.rows = rows\n\n"
+        "    def __iter__(self):\n"
+        "        yield from self.rows\n\n\n"
+        "class Subset(Stream):\n"
+        "    def __init__(self, stream, size):\n"
+        "        self.rows = stream.rows[:size]\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "from data import Stream, Subset\n\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "rows = [torch.randn(4) for _ in range(32)]\n"
+        "train = Subset(Stream(rows), 16)\n"
+        "loader = DataLoader(train, batch_size=4)\n"
+        "for x in loader:\n"
+        "    opt.zero_grad()\n"
+        "    model(x).sum().backward()\n"
+        "    opt.step()\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert not migration.migrated
+    assert "`train` is an IterableDataset, which takes no sampler" in migration.entry.reason
+
+
+def test_no_step_found_names_the_imports_chosen_at_run_time(tmp_path):
+    """A model registry (`importlib.import_module("models." + name + "_model")`) hides
+    the module that trains; the refusal says where the search stopped and what to do."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text(
+        "import importlib\n\n\n"
+        "def create_model(name):\n"
+        '    lib = importlib.import_module("models." + name + "_model")\n'
+        "    return lib.Model()\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom models import create_model\n\n"
+        "model = create_model('gan')\n"
+        "for batch in torch.randn(4, 2):\n"
+        "    model.optimize_parameters(batch)\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert not migration.migrated
+    reason = migration.entry.reason
+    assert reason.startswith("no training step (`loss.backward()`)")
+    assert '`lib = importlib.import_module("models." + name + "_model")` imports' in reason
+    assert "import the module that trains explicitly" in reason
+
+
+def test_a_model_trained_through_an_optimizer_factory_is_wrapped(tmp_path):
+    """`get_optimizer(config, model.parameters())` in a helper module that builds
+    `optim.Adam(parameters)`: `model` is what trains, so its DataParallel becomes DDP
+    (left as it was, the ranks would train separate copies)."""
+    (tmp_path / "functions.py").write_text(
+        "import torch.optim as optim\n\n\n"
+        "def get_optimizer(config, parameters):\n"
+        "    return optim.Adam(parameters, lr=config['lr'])\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "runner.py").write_text(
+        "import torch\nfrom functions import get_optimizer\n\n\n"
+        "def train(config):\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=4)\n"
+        "    model = torch.nn.Linear(2, 1)\n"
+        "    model = torch.nn.DataParallel(model)\n"
+        "    optimizer = get_optimizer(config, model.parameters())\n"
+        "    for x, y in loader:\n"
+        "        optimizer.zero_grad()\n"
+        "        loss = ((model(x) - y) ** 2).mean()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "from runner import train\n\ntrain({'lr': 0.1})\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    runner = next(r for r in migration.results if r.filename.endswith("runner.py"))
+    assert "model = DDP(model" in runner.output
+    assert "nn.DataParallel" not in runner.output

@@ -150,6 +150,28 @@ def test_the_batch_dimension_of_a_draw():
     assert draws.batch_dim((64, 100), "randn") is None  # not a per-sample draw
 
 
+class DrawingStub(StubProbe):
+    def check_rng(self) -> None:
+        pass
+
+    def rng_drawn(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [((0, 10, (5,)), {}), ((10,), {"size": (5,)}), ((), {"low": 0, "high": 10, "size": (5,)})],
+)
+def test_randint_draws_what_torch_draws_however_its_arguments_are_spelled(args, kwargs):
+    """`torch.randint(low=0, high=n, size=s)` (DDIM's timesteps) once raised a TypeError
+    under the probe, and verify then saw no optimizer step."""
+    randint = probe.RandomDraws(DrawingStub(0, 1)).randint(torch.randint)
+    torch.manual_seed(0)
+    got = randint(*args, **dict(kwargs))
+    torch.manual_seed(0)
+    assert torch.equal(got, torch.randint(*args, **kwargs))
+
+
 # -- BatchNorm ----------------------------------------------------------------------------------
 
 
@@ -250,3 +272,17 @@ def test_channel_dropout_masks_have_torchs_shape(name, shape, mask):
         if size == 1:  # torch's mask is constant along the dims ours broadcasts over
             low, high = dropped.amin(dim), dropped.amax(dim)
             assert torch.equal(low, high)
+
+
+def test_sync_batch_norm_is_looked_for_in_the_modules_the_script_imports(tmp_path):
+    """A migrated project converts where its model is wrapped (another module); a
+    script beside it that imports nothing of it is judged by its own code."""
+    (tmp_path / "wrap.py").write_text(
+        "import torch\n\n\ndef wrap(m):\n"
+        "    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(m)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text("import wrap\n", encoding="utf-8")
+    (tmp_path / "alone.py").write_text("import torch\n", encoding="utf-8")
+    assert probe.project_mentions_sync_batch_norm(str(tmp_path / "train.py"))
+    assert not probe.project_mentions_sync_batch_norm(str(tmp_path / "alone.py"))

@@ -16,7 +16,7 @@ import libcst as cst
 
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.trained import trained_modules
+from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
 from ddpify.analysis.tree import Tree
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -104,7 +104,7 @@ def _model_names(tree: Tree) -> set[str]:
     and the parameters of the script's functions that receive one of them (in any module
     of the project)."""
     names: set[str] = set()
-    names.update(trained_modules(_optimizer_calls(tree.view)))
+    names.update(_trained_modules(tree.view))
     for call in tree.view.calls_to(DDP, DATA_PARALLEL):
         target = bound_target(tree, call)
         if target:
@@ -115,8 +115,81 @@ def _model_names(tree: Tree) -> set[str]:
 def trained_model_names(tree: Tree) -> set[str]:
     """Names that hold a module an optimizer trains (in any module of the project), and
     the parameters that receive one: `model_names` without mere DataParallel/DDP targets."""
-    trained = set(trained_modules(_optimizer_calls(tree.view)))
+    trained = set(_trained_modules(tree.view))
     return trained | propagate(tree, trained)
+
+
+def trained_owners(view, optimizer: cst.Call) -> list[str]:
+    """The modules `optimizer` trains: the owners of the `.parameters()` calls in its
+    arguments, or `model` in `AdamW(model.get_parameters())` when a class of the script
+    (or project) defines `get_parameters` over its own `self.parameters()` /
+    `self.named_parameters()` (parameter groups built by the model itself)."""
+    owners = parameter_owners(optimizer)
+    if owners:
+        return owners
+    first = find_arg(optimizer, "params", 0)
+    value = first.value if first is not None else None
+    if isinstance(value, cst.Name):
+        return _owners_through_factory(view, optimizer, value.value)
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and dotted(value.func.value) is not None
+        and value.func.attr.value in _parameter_group_methods(view)
+    ):
+        return [dotted(value.func.value)]  # type: ignore[list-item]
+    return []
+
+
+def _owners_through_factory(view, optimizer: cst.Call, param: str) -> list[str]:
+    """`get_optimizer(config, model.parameters())` calling a factory that builds
+    `optim.Adam(parameters, ...)`: the owners of what its callers pass as `parameters`."""
+    func = view.function(optimizer)
+    if func is None:
+        return []
+    params = [p.name.value for p in func.params.params]
+    if param not in params:
+        return []
+    index = params.index(param)
+    if params and params[0] in ("self", "cls"):
+        index -= 1
+    owners: list[str] = []
+    name = func.name.value
+    for call in view.find(cst.Call, lambda c: (dotted(c.func) or "").rsplit(".", 1)[-1] == name):
+        arg = find_arg(call, param, index)
+        if arg is None:
+            continue
+        fake = cst.Call(func=cst.Name("optimizer"), args=[arg.with_changes(keyword=None)])
+        owners += [o for o in parameter_owners(fake) if o not in owners]
+    return owners
+
+
+def _parameter_group_methods(view) -> frozenset[str]:
+    """Names of methods, defined in a class of the view, that read `self.parameters()`
+    or `self.named_parameters()`."""
+
+    def compute() -> frozenset[str]:
+        found = set()
+        for cls in view.find(cst.ClassDef):
+            for statement in cls.body.body:
+                if isinstance(statement, cst.FunctionDef) and any(
+                    method_name(call) in PARAMETER_METHODS and dotted(call.func.value) == "self"  # type: ignore[attr-defined]
+                    for call in view.within(statement, cst.Call)
+                ):
+                    found.add(statement.name.value)
+        return frozenset(found - set(PARAMETER_METHODS))
+
+    return _cached(view, "parameter_group_methods", compute)
+
+
+def _trained_modules(view) -> list[str]:
+    """Every module some optimizer of the view trains, in order of first appearance."""
+    found: list[str] = []
+    for call in _optimizer_calls(view):
+        for name in trained_owners(view, call):
+            if name not in found:
+                found.append(name)
+    return found
 
 
 def optimizer_names(tree: Tree) -> set[str]:
@@ -516,12 +589,28 @@ def _helper_results(tree: Tree, func: cst.FunctionDef, index: int | None) -> set
 
 
 def iterable_dataset_classes(tree: Tree) -> set[str]:
-    names = set()
+    """The classes of the script (or project) that are IterableDatasets, also through
+    a subclass of one (`class Subset(TokenDataset)`, `TokenDataset(IterableDataset)`)."""
+    names: set[str] = set()
     view = tree.view
-    for cls in view.find(cst.ClassDef):
-        if any(view.qualify(base.value) == ITERABLE_DATASET for base in cls.bases):
-            names.add(cls.name.value)
+    classes = view.find(cst.ClassDef)
+    grew = True
+    while grew:
+        grew = False
+        for cls in classes:
+            if cls.name.value in names:
+                continue
+            if any(_is_iterable_base(view, base.value, names) for base in cls.bases):
+                names.add(cls.name.value)
+                grew = True
     return names
+
+
+def _is_iterable_base(view, base: cst.BaseExpression, known: set[str]) -> bool:
+    name = dotted(base)
+    return view.qualify(base) == ITERABLE_DATASET or (
+        name is not None and name.rsplit(".", 1)[-1] in known
+    )
 
 
 def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:

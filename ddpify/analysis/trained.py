@@ -34,13 +34,3 @@ def parameter_owners(optimizer: cst.Call) -> list[str]:
     for arg in optimizer.args:
         walk(arg.value, enter, lambda node: None)
     return owners
-
-
-def trained_modules(optimizers: list[cst.Call]) -> list[str]:
-    """Every module some optimizer trains, in order of first appearance."""
-    found: list[str] = []
-    for call in optimizers:
-        for name in parameter_owners(call):
-            if name not in found:
-                found.append(name)
-    return found

@@ -175,7 +175,10 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
         plans.append(plan)
     where = "in this file" if len(trees) == 1 else "in this script or the local modules it imports"
     if not project_backward_calls(entry):
-        raise NotMigrated(Shape.UNKNOWN, f"no training step (`loss.backward()`) {where}")
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"no training step (`loss.backward()`) {where}" + (computed_imports(trees)),
+        )
     if not model_names(entry):
         raise NotMigrated(
             Shape.UNKNOWN,
@@ -190,6 +193,27 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
         holder = next(index for index, tree in enumerate(trees) if tree.calls_to(*SPAWN))
         _spawn_worker(trees[holder], plans[holder])
     return plans
+
+
+def computed_imports(trees: list[Tree]) -> str:
+    """Where the project imports a module by a name computed at run time (a model chosen
+    by an option: `importlib.import_module("models." + name + "_model")`): the step is
+    probably in such a module, which ddpify does not follow (it never runs user code, and
+    guessing which candidate the options select could migrate the wrong one)."""
+    lines = []
+    for tree in trees:
+        for call in tree.calls_to("importlib.import_module", "builtins.__import__"):
+            first = call.args[0].value if call.args else None
+            if first is not None and not isinstance(first, cst.SimpleString):
+                lines.append(f"`{_first_line(tree.code(tree.statement(call)))}`")
+    if not lines:
+        return ""
+    return (
+        f"; {' and '.join(lines)} import{'s' if len(lines) == 1 else ''} a module chosen at "
+        "run time, which ddpify does not follow: import the module that trains explicitly "
+        "(e.g. `from models.my_model import MyModel` in the entry script) and migrate again, "
+        "or convert it by hand"
+    )
 
 
 def _refuse_launcher_elsewhere(trees: list[Tree]) -> None:

@@ -9,6 +9,7 @@ from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import DDP, DIST_SAMPLER, Plan
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.entrypoint import after_imports
 
 NAME = "imports"
 DROPPABLE = ("torch.multiprocessing", "torch.cuda.amp")
@@ -39,7 +40,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
         constants[0] = constants[0].with_changes(
             leading_lines=[cst.EmptyLine(), *constants[0].leading_lines]
         )
-        edits.after[after].extend(constants)
+        # After the whole import block: the module may import `os` below its torch imports.
+        edits.after[after_imports(tree) or after].extend(constants)
         plan.needs.add("os")
         plan.change(
             NAME, "read RANK, LOCAL_RANK and WORLD_SIZE from the environment", "RANK = int("

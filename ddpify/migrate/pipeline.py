@@ -26,7 +26,7 @@ from ddpify.gates import (
 )
 from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, guarded
-from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, wrap
+from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, shared_dirs, wrap
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze_project
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.report import HumanItem, MigrationResult
@@ -40,6 +40,7 @@ PASSES: list[Pass] = [
     (data.NAME, data.run),
     (amp.NAME, amp.run),
     (rank_zero.NAME, rank_zero.run),
+    (shared_dirs.NAME, shared_dirs.run),
     (imports.NAME, imports.run),
 ]
 

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+import libcst as cst
+
 from ddpify.analysis.project import Project
+from ddpify.analysis.tree import Tree
 from ddpify.engine import mentions_torch
 from ddpify.files import SourceFile
-from ddpify.migrate.analyze import Options
+from ddpify.migrate.analyze import Options, computed_imports
 from ddpify.migrate.pipeline import migrate_sources
 from ddpify.migrate.report import MigrationResult
 
@@ -95,7 +98,26 @@ def migrate_project(
         names[name] = path
         sources[name] = module.source
     results = migrate_sources({name: s.text for name, s in sources.items()}, options)
+    _name_computed_imports(project, results)
     return ProjectMigration(project, results, sources)
+
+
+def _name_computed_imports(project: Project, results: list) -> None:
+    """A refusal for want of a training step names the run-time imports (`importlib.
+    import_module(...)`) of every module, those without torch too (a model registry's
+    `models/__init__.py`), where the search for the step stopped."""
+    entry = results[0]
+    if entry.migrated or not (entry.reason or "").startswith("no training step"):
+        return
+    trees = [
+        Tree(cst.parse_module(module.text))
+        for module in project.modules.values()
+        if "import_module" in module.text
+    ]
+    extra = computed_imports(trees)
+    base = entry.reason.split(";", 1)[0]  # analyze named only the modules with torch
+    for result in results:
+        result.reason = base + extra
 
 
 def _shown(path: Path, entry_path: Path, entry_name: str) -> str:

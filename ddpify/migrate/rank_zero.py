@@ -16,7 +16,7 @@ from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
-from ddpify.migrate.analyze import Plan, training_loops
+from ddpify.migrate.analyze import Plan, backward_calls, training_loops
 from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
 
@@ -98,7 +98,32 @@ def _writers(tree: Tree, plan: Plan, edits: Edits, rank: str) -> set[str]:
         plan.change(
             NAME, f"{target} is created on rank 0 only", f"if {rank} == 0 else None", "DDP052"
         )
-    return names
+    return names | _writer_aliases(tree)
+
+
+def _writer_aliases(tree: Tree) -> set[str]:
+    """A writer kept in an attribute travels (`config.tb_logger = SummaryWriter(...)`,
+    read in another module as `tb_logger = self.config.tb_logger`): the names in this
+    module bound to, or spelled as, an attribute of that name anywhere in the project."""
+    attributes = set()
+    for call in tree.view.find(cst.Call):
+        name = tree.view.qualify(call.func) or dotted(call.func) or ""
+        if name.rsplit(".", 1)[-1] not in WRITER_CLASSES:
+            continue
+        statement = tree.view.statement(call)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Attribute):
+            attributes.add(small.targets[0].target.attr.value)
+    found = set()
+    for node in tree.find(cst.Attribute, lambda a: a.attr.value in attributes):
+        spelled = dotted(node)
+        if spelled:
+            found.add(spelled)
+        statement = tree.statement(node)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and small.value is node:
+            found |= {dotted(t.target) for t in small.targets} - {None}  # type: ignore[arg-type]
+    return found
 
 
 def _side_effects(tree: Tree, writers: set[str]) -> list[cst.BaseStatement]:
@@ -262,7 +287,8 @@ def _progress_bars(tree: Tree, plan: Plan, edits: Edits, rank: str) -> None:
 def _barriers(tree: Tree, plan: Plan, edits: Edits) -> None:
     """Rank 0 writes a checkpoint that every rank then loads: wait for the write."""
     saves = tree.calls_to("torch.save")
-    if not saves:
+    saved_elsewhere = bool(tree.view.calls_to("torch.save"))
+    if not saves and not saved_elsewhere:
         return
     barriers = [tree.order[b] for b in tree.find(cst.Call, lambda c: method_name(c) == "barrier")]
     saves_in: dict[cst.CSTNode, list[int]] = {}  # scope -> its saves' positions, in order
@@ -272,10 +298,16 @@ def _barriers(tree: Tree, plan: Plan, edits: Edits) -> None:
     for load in tree.calls_to("torch.load"):
         at = tree.order[load]
         in_scope = saves_in.get(tree.scope(load), [])
-        earlier = bisect.bisect_left(in_scope, at)  # how many of them come before the load
+        earlier = in_scope[: bisect.bisect_left(in_scope, at)]  # its scope's saves before it
+        if not earlier and saved_elsewhere:
+            # The best checkpoint reloaded after training, saved by a helper of another
+            # module or method (`early_stopping(loss, model, path)` in the loop).
+            scope = tree.scope(load)
+            steps = [tree.order[b] for b in backward_calls(tree) if tree.scope(b) is scope]
+            earlier = sorted(b for b in steps if b < at)
         if not earlier or rank_zero_scope(tree.ancestors(load)) is not None:
             continue
-        last_save = in_scope[earlier - 1]
+        last_save = earlier[-1]
         # A barrier between that save and the load already waits.
         if bisect.bisect_right(barriers, last_save) < bisect.bisect_left(barriers, at):
             continue

@@ -16,6 +16,7 @@ from ddpify.analysis.roles import (
     project_optimizer_calls,
     stored_models,
     trained_model_names,
+    trained_owners,
 )
 from ddpify.analysis.trained import parameter_owners
 from ddpify.analysis.tree import Tree, mentions
@@ -121,11 +122,33 @@ def run(tree: Tree, plan: Plan) -> Edits:
     return edits
 
 
+def _returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) -> set[str]:
+    """`model = DataParallel(model)` in a builder that returns `model`, where a caller
+    keeps the result as the trained model (`self.model = self._build_model().to(dev)`):
+    the names the callers keep it in."""
+    func = tree.function(statement)
+    if func is None:
+        return set()
+    returns = [r for r in tree.within(func, cst.Return) if r.value is not None]
+    if not any(dotted(r.value) in names for r in returns):
+        return set()
+    trained = trained_model_names(tree)
+    name = func.name.value
+    kept = set()
+    for call in tree.view.find(cst.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
+            target = bound_target(tree, call)
+            if target in trained:
+                kept.add(target)
+    return kept
+
+
 def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
-    code = tree.module.code
-    return "BatchNorm" in code and "convert_sync_batchnorm" not in code
+    # The model's layers may live in another module of the project (models/, layers/).
+    codes = [t.module.code for t in getattr(tree.view, "trees", [tree])]
+    return any("BatchNorm" in c for c in codes) and "convert_sync_batchnorm" not in tree.module.code
 
 
 def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
@@ -173,7 +196,11 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         inner = tree.code(call.args[0].value)
         statement = tree.statement(call)
         target = bound_target(tree, call)
-        if not plan.entry and not ({inner, target} & trained_model_names(tree)):
+        kept_as = _returned_into_trained(tree, statement, {inner, target})
+        # `self.model = self._build_model()`: this class's own uses of `self.model` now
+        # reach the wrapper (the wrap is recorded where the builder wraps).
+        wrapped += [(name, statement) for name in sorted(kept_as) if name.startswith("self.")]
+        if not plan.entry and not ({inner, target} & trained_model_names(tree)) and not kept_as:
             # A helper module's copy (an EMA model): DDP is for the module that trains.
             plan.needs_human(
                 f"DataParallel of `{inner}`, which no optimizer trains, is left as it is; "
@@ -285,7 +312,12 @@ def _wrap_after_condition(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, 
     in_body = owner.orelse is None and tree.inside(statement, owner.body)
     ids = _device_ids_when(tree, owner.test, True, suffix) if in_body else None
     ddp = _ddp_call(tree, plan, target, device_ids=ids)
-    edits.after[place].append(snippets.statement(f"{target} = {ddp}"))
+    wrap = snippets.statement(f"{target} = {ddp}")
+    # DataParallel on both branches (`if a: ... DataParallel(m) else: ... DataParallel(m)`)
+    # comes out as one wrap after the `if`.
+    placed = [cst.Module([]).code_for_node(s) for s in edits.after[place]]
+    if cst.Module([]).code_for_node(wrap) not in placed:
+        edits.after[place].append(wrap)
     plan.needs_human(
         f"DataParallel was applied only when a condition held; DDP now wraps `{target}` on "
         "every path (CPU runs too), so `.module` and checkpoint keys are the same on all of them",
@@ -372,7 +404,7 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call]) -> list:
     per-layer optimizer resolves to the `model` it belongs to."""
     found = []
     for optimizer in optimizers:
-        for owner in parameter_owners(optimizer):
+        for owner in trained_owners(tree.view, optimizer):
             resolved = _resolve_owner(tree, owner, optimizer)
             if resolved is None:
                 line = _first_line(tree.code(tree.statement(optimizer)))
@@ -455,7 +487,13 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
         if receiver is not None and dotted(receiver) == target and method_name(call) in PREPARES:
             return True
-    return False
+    # `AdamW(model.get_parameters())`: a parameter-group method of the model's own class
+    # is not an attribute of the DDP wrapper, so that optimizer is built before the wrap
+    # (it sees the same parameters either way).
+    return any(
+        not parameter_owners(call) and target in trained_owners(tree.view, call)
+        for call in tree.within(stmt, cst.Call)
+    )
 
 
 def _trains(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:

@@ -796,11 +796,19 @@ class RandomDraws:
                 size, args = args[-1], args[:-1]
             else:
                 return native(*args, **kwargs)
+
+            def call(full):
+                # `randint(low=0, high=n, size=s)`: with low/high given by keyword, the
+                # size must be one too (no positional argument may follow them).
+                if "low" in kwargs or "high" in kwargs:
+                    return native(*args, size=full, **kwargs)
+                return native(*args, full, **kwargs)
+
             if kwargs.get("generator") is not None or kwargs.get("out") is not None:
-                return native(*args, size, **kwargs)
+                return call(size)
             grad = kwargs.pop("requires_grad", False)
             device = kwargs.get("device")
-            tensor = self.draw(lambda full: native(*args, full, **kwargs), size, "randint", device)
+            tensor = self.draw(call, size, "randint", device)
             return tensor.requires_grad_(True) if grad else tensor
 
         return draw
@@ -1005,6 +1013,20 @@ def strip_wrappers(name: str) -> str:
     return name
 
 
+def project_mentions_sync_batch_norm(script: str) -> bool:
+    """The script, or a local module it imports (a project migrated as a whole converts
+    where its model is wrapped, e.g. exp/exp_forecast.py), names SyncBatchNorm."""
+    if mentions_sync_batch_norm(script):
+        return True
+    try:
+        from ddpify.analysis.project import Project
+
+        project = Project.discover([script])
+    except Exception:  # an unreadable module: judge by the script alone
+        return False
+    return any(mentions_sync_batch_norm(str(path)) for path in list(project.modules)[1:])
+
+
 def mentions_sync_batch_norm(path: str) -> bool:
     """Whether the script's code (not its comments or strings) names SyncBatchNorm or
     convert_sync_batchnorm: migrate writes the conversion under a CUDA guard."""
@@ -1054,7 +1076,7 @@ def main() -> int:
     open(os.path.join(pid_dir, str(os.getpid())), "w").close()
     script, argv = sys.argv[1], sys.argv[2:]
     probe = Probe(config)
-    probe.script_converts_sync_bn = mentions_sync_batch_norm(script)
+    probe.script_converts_sync_bn = project_mentions_sync_batch_norm(script)
     probe.install()
     try:
         run_script(script, argv, config.get("display_path") or script)

@@ -1,0 +1,201 @@
+"""Pass, folders: a folder reset that every rank would run, run on rank 0 alone.
+
+Scripts start by preparing their experiment folder: `if os.path.exists(d):
+shutil.rmtree(d)`, then `os.makedirs(d)`. Under torchrun every rank runs that, and the
+ranks race on the same folder: one removes what another has just made, or `makedirs`
+fails with FileExistsError on the second rank. Here the statement of the function that
+holds the reset runs on global rank 0, and a barrier after it keeps the other ranks
+from using the folder before it exists.
+
+Only where that is safe: in a function (never at import time, before the process group
+exists) that every rank calls (no call of it under a rank-0 guard, where the barrier
+would wait forever), outside the training loop, and when the guarded statement binds
+no name that the code after it reads (the other ranks skip those assignments).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.guards import rank_zero_scope
+from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.tree import Tree, names_in
+from ddpify.migrate import snippets
+from ddpify.migrate.analyze import INIT_PG, SETUP_FUNCTION, Plan, backward_calls
+from ddpify.migrate.edits import Edits
+
+NAME = "folders"
+REMOVE = ("shutil.rmtree",)
+MAKE = ("os.makedirs", "os.mkdir")
+
+
+def run(tree: Tree, plan: Plan) -> Edits:
+    edits = Edits()
+    if not plan.shape.converts:
+        return edits
+    done: list[cst.BaseStatement] = []
+    for call in tree.find(cst.Call, lambda c: _resets_folder(tree, c)):
+        statement = _reset_statement(tree, call)
+        if statement is None or any(tree.inside(statement, d) for d in done):
+            continue
+        if not _safe(tree, call, statement):
+            continue
+        done.append(statement)
+        edits.group([statement], _guarded_then_barrier(plan))
+        plan.needs.add("dist")
+        line = tree.code(statement).strip().splitlines()[0]
+        plan.change(
+            NAME,
+            "the folder is reset on global rank 0 only, the other ranks wait for it "
+            "(every rank removing and making the same folder races)",
+            line,
+        )
+    return edits
+
+
+def _guarded_then_barrier(plan: Plan):
+    template = snippets.statement(f"if {plan.rank} == 0:\n    pass\n")
+    barrier = snippets.statement(f"{plan.dist}.barrier()")
+
+    def build(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        return [*snippets.nested_under(template)(members), barrier]
+
+    return build
+
+
+def _resets_folder(tree: Tree, call: cst.Call) -> bool:
+    name = tree.qualify(call.func)
+    if name in REMOVE:
+        return True
+    if name in MAKE:
+        exist_ok = find_arg(call, "exist_ok", 2 if name == "os.makedirs" else 99)
+        return exist_ok is None or dotted(exist_ok.value) in ("False", None)
+    return False
+
+
+def _reset_statement(tree: Tree, call: cst.Call) -> cst.BaseStatement | None:
+    """The largest statement around `call`, inside its function, whose effects the
+    other ranks can skip: one that binds no name the function reads after it (its
+    `if os.path.exists(d): ... else: ...` and the config file written into the folder,
+    not the logger set-up that every rank needs). None outside a function."""
+    func = tree.function(call)
+    if func is None:
+        return None
+    statement = tree.statement(call)
+    if _assigned(tree, statement) & _read_after(tree, func, statement):
+        return None
+    while tree.block(statement) is not func.body:
+        owner = tree.parent.get(tree.block(statement))
+        while owner is not None and not isinstance(owner, cst.BaseStatement):
+            owner = tree.parent.get(owner)
+        if owner is None or _assigned(tree, owner) & _read_after(tree, func, owner):
+            break
+        statement = owner
+    return statement
+
+
+def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
+    func = tree.function(statement)
+    if func is None or rank_zero_scope(tree.ancestors(call)) is not None:
+        return False
+    if any(tree.inside(c, statement) for c in backward_calls(tree)):
+        return False
+    if not _every_rank_reaches(tree, func, statement):
+        return False
+    return _called_on_every_rank(tree, func)
+
+
+def _every_rank_reaches(tree: Tree, func: cst.FunctionDef, statement: cst.BaseStatement) -> bool:
+    """Every rank takes the same path to `statement`, so all of them meet the barrier:
+    no loop around it, and no `if` whose test calls anything (`os.path.exists(d)` reads
+    the folder that rank 0 is changing)."""
+    for node in tree.ancestors(statement)[:-1]:
+        if not tree.inside(node, func) or node is func:
+            continue
+        if isinstance(node, (cst.For, cst.While, cst.Try, cst.With)):
+            return False
+        if isinstance(node, cst.If) and _calls_anything(tree, node.test):
+            return False
+    return True
+
+
+def _calls_anything(tree: Tree, expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) or any(True for _ in tree.within(expr, cst.Call))
+
+
+def _assigned(tree: Tree, statement: cst.BaseStatement) -> set[str]:
+    """Names `statement` binds or mutates (`x` for `x.attr = ...` and `x[i] = ...`)."""
+    names: set[str] = set()
+    for node in tree.within(statement, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        else:
+            targets = [node.target]
+        for target in targets:
+            names |= names_in(target)
+    for node in tree.within(statement, (cst.AsName, cst.For)):
+        names |= names_in(node.name if isinstance(node, cst.AsName) else node.target)
+    return names
+
+
+def _read_after(tree: Tree, func: cst.FunctionDef, statement: cst.BaseStatement) -> set[str]:
+    """Names whose value at the end of `statement` the function may still read: a name
+    mentioned after it (not inside it), unless first bound again there in a block that
+    holds every later mention (`overwrite = False` before a later `if overwrite:`)."""
+    later: dict[str, list[cst.Name]] = {}
+    for name in tree.within(func, cst.Name):
+        if tree.after(name, statement) and not tree.inside(name, statement):
+            later.setdefault(name.value, []).append(name)
+    return {value for value, names in later.items() if not _rebound_first(tree, names)}
+
+
+def _rebound_first(tree: Tree, names: list[cst.Name]) -> bool:
+    first = names[0]
+    if not _bound_here(tree, first):
+        return False
+    block = tree.block(tree.statement(first))
+    return all(tree.inside(name, block) for name in names)
+
+
+def _bound_here(tree: Tree, name: cst.Name) -> bool:
+    parent = tree.parent.get(name)
+    return isinstance(parent, cst.AssignTarget) or (
+        isinstance(parent, cst.AsName) and parent.name is name
+    )
+
+
+def _called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
+    """Every call of `func` in the project runs on all ranks (none under a rank guard,
+    none in a module-level statement that runs before the process group exists)."""
+    view = tree.view
+    name = func.name.value
+    calls = view.find(cst.Call, lambda c: (dotted(c.func) or "").rsplit(".", 1)[-1] == name)
+    if not calls:
+        return False
+    for call in calls:
+        owner = _tree_of(view, call)
+        if owner is None or rank_zero_scope(owner.ancestors(call)) is not None:
+            return False
+        if owner.function(call) is None and not _after_group_exists(owner, call):
+            return False
+    return True
+
+
+def _after_group_exists(tree: Tree, call: cst.Call) -> bool:
+    """A module-level call that runs after the process group is set up (in the
+    `__main__` block, after `init_distributed()`)."""
+    return any(
+        tree.after(call, init) and tree.function(init) is None
+        for init in tree.find(cst.Call, lambda c: _sets_up_group(tree, c))
+    )
+
+
+def _sets_up_group(tree: Tree, call: cst.Call) -> bool:
+    return (dotted(call.func) or "") == SETUP_FUNCTION or tree.qualify(call.func) == INIT_PG
+
+
+def _tree_of(view, node: cst.CSTNode) -> Tree | None:
+    for tree in getattr(view, "trees", [view]):
+        if tree.owns(node):
+            return tree
+    return None

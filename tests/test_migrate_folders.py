@@ -1,0 +1,82 @@
+"""The folders pass: an experiment folder that every rank would remove and make again
+is reset on rank 0, and the other ranks wait at a barrier; never where a barrier could
+hang or where the other ranks need what the reset binds."""
+
+from __future__ import annotations
+
+from ddpify.migrate.pipeline import migrate_source
+
+HEAD = """import os
+import shutil
+import torch
+
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)))
+"""
+
+TRAIN = """
+
+def train():
+    for (x,) in loader:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+def _migrated(setup: str, main: str) -> str:
+    text = HEAD + setup + TRAIN + "\n\nif __name__ == '__main__':\n" + main
+    result = migrate_source(text)
+    assert result.migrated, result.reason
+    return result.output
+
+
+def test_a_folder_reset_in_a_setup_function_runs_on_rank_zero_then_a_barrier():
+    out = _migrated(
+        "\n\ndef setup(path):\n"
+        "    if os.path.exists(path):\n"
+        "        shutil.rmtree(path)\n"
+        "    os.makedirs(path)\n"
+        "    return path\n",
+        "    setup('runs/a')\n    train()\n",
+    )
+    assert (
+        "    if RANK == 0:\n"
+        "        if os.path.exists(path):\n"
+        "            shutil.rmtree(path)\n"
+        "    dist.barrier()\n"
+        "    if RANK == 0:\n"
+        "        os.makedirs(path)\n"
+        "    dist.barrier()\n"
+    ) in out
+
+
+def test_no_barrier_in_a_function_called_on_rank_zero_only():
+    out = _migrated(
+        "\n\ndef fresh(path):\n    shutil.rmtree(path)\n",
+        "    if int(os.environ.get('RANK', '0')) == 0:\n        fresh('runs/a')\n    train()\n",
+    )
+    assert "barrier" not in out
+
+
+def test_a_reset_that_binds_what_follows_is_left_to_every_rank():
+    out = _migrated(
+        "\n\ndef setup(path):\n"
+        "    if os.path.exists(path):\n"
+        "        shutil.rmtree(path)\n"
+        "        fresh = True\n"
+        "    else:\n"
+        "        fresh = False\n"
+        "    return fresh\n",
+        "    setup('runs/a')\n    train()\n",
+    )
+    assert "barrier" not in out
+
+
+def test_makedirs_with_exist_ok_needs_nothing():
+    out = _migrated(
+        "\n\ndef setup(path):\n    os.makedirs(path, exist_ok=True)\n",
+        "    setup('runs/a')\n    train()\n",
+    )
+    assert "barrier" not in out
