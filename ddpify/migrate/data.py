@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.roles import project_has_hand_made_batches
+from ddpify.analysis.roles import iterated_name, project_has_hand_made_batches, training_loops
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
@@ -68,7 +68,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:
             _batch_and_lr(tree, plan, edits, built_here)
-    _set_epoch(tree, plan, edits, loaders)
+    placed = _set_epoch(tree, plan, edits, loaders)
+    if plan.shape.converts:
+        _note_step_loop_order(tree, plan, [x for x in built_here if id(x.call) not in placed])
     _map_location(tree, plan, edits)
     return edits
 
@@ -321,14 +323,19 @@ def _epoch_loops(tree: Tree) -> list[cst.For]:
     return loops
 
 
-def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> None:
+def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> set[int]:
+    """Place set_epoch in the epoch loops; the ids of the loader calls an epoch loop
+    reshuffles (it already calls set_epoch, or now does)."""
     names = {name: loader for loader in loaders for name in loader.names}
+    placed: set[int] = set()
     if not names:
-        return
+        return placed
     for loop in _epoch_loops(tree):
+        found = _loader_in(tree, loop, names)
+        if found is not None:
+            placed.add(id(names[found].call))
         if any(method_name(c) == "set_epoch" for c in tree.within(loop, cst.Call)):
             continue
-        found = _loader_in(tree, loop, names)
         if found is None:
             continue
         if not isinstance(loop.target, cst.Name):
@@ -344,6 +351,31 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> N
             "set_epoch at the top of each epoch, so each epoch reshuffles",
             code.splitlines()[0],
             "DDP022",
+        )
+    return placed
+
+
+def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
+    """A shuffled loader that a step loop draws from with next() (`iter(loader)`, an
+    endless generator, a fetcher object), with no epoch loop to call set_epoch: the
+    DistributedSampler then repeats the first pass's order on every pass, where the
+    original reshuffled. Where the iterator restarts is the user's code: say so."""
+    if any(method_name(c) == "set_epoch" for c in tree.view.find(cst.Call)):
+        return
+    loops = training_loops(tree.view)
+    for loader in loaders:
+        shuffle = find_arg(loader.call, "shuffle", 3)
+        if shuffle is None or dotted(shuffle.value) == "False":
+            continue
+        if any(iterated_name(loop, tree.view) in loader.names for loop in loops):
+            continue  # a `for` over the loader: one pass per loop, as in the original
+        name = sorted(loader.names, key=_most_qualified)[-1]
+        plan.needs_human(
+            f"the step loop draws from `{name}` with next() and nothing calls set_epoch: "
+            "every pass over the data now repeats one shuffled order (the original "
+            f"reshuffled); call `{name}.sampler.set_epoch(k)`, k counting the passes (the "
+            "same on every rank), where the iterator restarts",
+            tree.code(tree.statement(loader.call)),
         )
 
 

@@ -1,0 +1,92 @@
+"""Training loops that are not `for batch in loader`: `while` step loops, iterators pulled
+with next() (directly, through the walrus form, or through a fetcher object), loops in a
+method. The fixture pairs step_loop_fetcher and walrus_next_loop run in the batched runner;
+these check what a user reads in the converted script and its report."""
+
+from __future__ import annotations
+
+from ddpify.migrate import migrate_source
+from tests.helpers import FIXTURES
+
+HEADER = (
+    "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+    "model = torch.nn.Linear(2, 1)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "loader = DataLoader(TensorDataset(torch.randn(64, 2), torch.randn(64, 1)), batch_size=8,"
+    " shuffle=True)\n"
+)
+
+
+def migrate(source: str):
+    result = migrate_source(source, "t.py")
+    assert result.migrated, result.reason
+    return result
+
+
+def test_a_fetcher_object_in_a_while_loop_of_a_method_feeds_the_step():
+    before = (FIXTURES / "migrate" / "step_loop_fetcher" / "before.py").read_text()
+    result = migrate(before)
+    assert "sampler=DistributedSampler(train_dataset, shuffle=True)" in result.output
+    assert "self.model.module.state_dict()" in result.output
+    # No epoch loop to reshuffle in: the report says where set_epoch must go.
+    notes = [item.why for item in result.needs_human]
+    assert any("set_epoch" in why and "`loader`" in why for why in notes), notes
+
+
+def test_the_walrus_form_draws_from_the_loader_and_each_epoch_reshuffles():
+    before = (FIXTURES / "migrate" / "walrus_next_loop" / "before.py").read_text()
+    out = migrate(before).output
+    assert "sampler=DistributedSampler(train_dataset, shuffle=True)" in out
+    loop = out.index("for epoch in range(EPOCHS):")
+    assert out.index("train_loader.sampler.set_epoch(epoch)", loop) < out.index("while (", loop)
+    assert "x[RANK" not in out  # the sampler shards it: the batch is not split again
+
+
+def test_a_while_step_loop_over_an_iterator_restarted_on_stop_iteration():
+    source = HEADER + (
+        "batches = iter(loader)\nstep = 0\n"
+        "while step < 20:\n"
+        "    try:\n        x, y = next(batches)\n"
+        "    except StopIteration:\n        batches = iter(loader)\n        x, y = next(batches)\n"
+        "    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n    step += 1\n"
+    )
+    result = migrate(source)
+    assert "sampler=DistributedSampler(" in result.output
+    assert any("set_epoch" in item.why for item in result.needs_human)
+
+
+def test_a_while_loop_inside_a_loop_over_the_loader_trains_on_that_loader():
+    source = HEADER + (
+        "for epoch in range(2):\n    for x, y in loader:\n        tries = 0\n"
+        "        while tries < 2:\n            ((model(x) - y) ** 2).mean().backward()\n"
+        "            opt.step()\n            tries += 1\n"
+    )
+    result = migrate(source)
+    assert "loader.sampler.set_epoch(epoch)" in result.output
+    assert not any("set_epoch" in item.why for item in result.needs_human)
+
+
+def test_hand_made_batches_of_a_while_step_loop_are_split_by_rank():
+    source = (
+        "import torch\nmodel = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "data = torch.randn(512, 4)\n"
+        "def get_batch():\n    ix = torch.randint(len(data) - 1, (16,))\n"
+        "    return data[ix], data[ix + 1, :1]\n"
+        "it = 0\nwhile it < 50:\n    xb, yb = get_batch()\n"
+        "    loss = ((model(xb) - yb) ** 2).mean()\n    opt.zero_grad()\n    loss.backward()\n"
+        "    opt.step()\n    it += 1\n"
+    )
+    out = migrate(source).output
+    assert "xb = xb[RANK * len(xb) // WORLD_SIZE : (RANK + 1) * len(xb) // WORLD_SIZE]" in out
+
+
+def test_a_loop_that_only_measures_the_loader_is_not_fed_by_it():
+    """`n = len(loader)` reads the loader; the batches still come from slicing tensors."""
+    source = HEADER + (
+        "X, Y = torch.randn(64, 2), torch.randn(64, 1)\nn = len(loader)\nstep = 0\n"
+        "while step < 8:\n    i = (step % n) * 8\n    xb, yb = X[i:i + 8], Y[i:i + 8]\n"
+        "    ((model(xb) - yb) ** 2).mean().backward()\n    opt.step()\n    step += 1\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert "sampler=DistributedSampler(" not in result.output
