@@ -90,3 +90,38 @@ def test_a_loop_that_only_measures_the_loader_is_not_fed_by_it():
     )
     result = migrate_source(source, "t.py")
     assert "sampler=DistributedSampler(" not in result.output
+
+
+# -- models in a list, built at module level ---------------------------------------------
+
+
+def test_each_model_of_a_list_trained_by_a_list_of_optimizers_is_wrapped():
+    before = (FIXTURES / "migrate" / "model_list_zip" / "before.py").read_text()
+    result = migrate(before)
+    out = result.output
+    wrap = out.index("nets = [DDP(net, find_unused_parameters=True) for net in nets]")
+    assert out.index("nets = [Net(") < wrap < out.index("opts = [torch.optim.Adam(")
+    assert any("find_unused_parameters" in item.why for item in result.needs_human)
+
+
+def test_the_group_is_joined_before_module_level_code_builds_the_sampler_and_wrap():
+    """With a __main__ guard, a loader and model built at import still need the group."""
+    before = (FIXTURES / "migrate" / "model_list_zip" / "before.py").read_text()
+    out = migrate(before).output
+    init = out.index("\ninit_distributed()\n")
+    assert init < out.index("DistributedSampler(train_dataset") and init < out.index("DDP(net")
+    guard = out[out.index('if __name__ == "__main__":') :]
+    assert "init_distributed()" not in guard and "dist.destroy_process_group()" in guard
+
+
+def test_a_print_that_runs_a_model_with_buffers_stays_on_every_rank():
+    source = HEADER.replace("torch.nn.Linear(2, 1)", "torch.nn.Sequential(torch.nn.BatchNorm1d(2))")
+    source += (
+        "for epoch in range(2):\n    for x, y in loader:\n"
+        "        ((model(x) - y) ** 2).mean().backward()\n        opt.step()\n"
+        "    print(model(x).mean().item())\n"
+    )
+    result = migrate(source)
+    assert "    print(model(x).mean().item())\n" in result.output
+    assert "RANK == 0" not in result.output
+    assert any("DDP053" in item.why for item in result.needs_human)
