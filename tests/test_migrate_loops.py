@@ -125,3 +125,28 @@ def test_a_print_that_runs_a_model_with_buffers_stays_on_every_rank():
     assert "    print(model(x).mean().item())\n" in result.output
     assert "RANK == 0" not in result.output
     assert any("DDP053" in item.why for item in result.needs_human)
+
+
+# -- the empty sampler slot --------------------------------------------------------------
+
+
+def test_an_empty_sampler_slot_gets_the_distributed_sampler():
+    before = (FIXTURES / "migrate" / "none_sampler_slot" / "before.py").read_text()
+    out = migrate(before).output
+    assert "    train_sampler = DistributedSampler(train_dataset, shuffle=True)\n" in out
+    assert "shuffle=(train_sampler is None)," in out  # now False: the sampler shuffles
+
+
+def test_a_none_sampler_next_to_a_literal_shuffle_is_not_filled():
+    """`shuffle=True` beside a sampler raises in DataLoader: not a slot to fill."""
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ds = TensorDataset(torch.randn(64, 2), torch.randn(64, 1))\n"
+        "sampler = None\n"
+        "loader = DataLoader(ds, batch_size=8, shuffle=True, sampler=sampler)\n"
+        "for x, y in loader:\n    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert not result.migrated and "own sampler `sampler`" in result.reason

@@ -101,6 +101,8 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     batch_sampler = find_arg(call, "batch_sampler")
     if sampler is not None or batch_sampler is not None:
         given = sampler or batch_sampler
+        if sampler is not None and _shard_none_sampler(tree, plan, edits, call, sampler):
+            return
         if _sampler_call(tree, given.value) is None:  # type: ignore[union-attr]
             if plan.shape.converts:
                 raise NotMigrated(
@@ -147,6 +149,55 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
         f"sampler={plan.sampler}(",
         "DDP020",
     )
+
+
+def _shard_none_sampler(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, sampler) -> bool:
+    """`train_sampler = None` then `DataLoader(ds, shuffle=(train_sampler is None),
+    sampler=train_sampler)`: the slot a distributed script fills with a DistributedSampler;
+    fill it (the shuffle test then turns the loader's own shuffle off)."""
+    name = dotted(sampler.value)
+    dataset = find_arg(call, "dataset", 0)
+    data = dotted(dataset.value) if dataset is not None else None
+    if name is None or "." in name or data is None:
+        return False
+    bindings = [
+        a for a in tree.find(cst.Assign) if any(dotted(t.target) == name for t in a.targets)
+    ]
+    if len(bindings) != 1 or not _is_none(bindings[0].value):
+        return False
+    binding = bindings[0]
+    if tree.scope(binding) is not tree.scope(call) or tree.after(binding, call):
+        return False
+    shuffle = find_arg(call, "shuffle", 2)
+    if shuffle is not None and _none_test_of(shuffle.value) != name:
+        return False  # `shuffle=True` next to a sampler would raise: leave it to a human
+    plan.needs.add("sampler")
+    new = snippets.expression(f"{plan.sampler}({data}, shuffle=True)")
+    edits.replace(binding.value, new)
+    plan.change(
+        NAME,
+        f"the training loader's empty sampler slot `{name}` gets a DistributedSampler "
+        "(shuffling, as the loader did without one)",
+        f"{name} = {plan.sampler}(",
+        "DDP020",
+    )
+    return True
+
+
+def _is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def _none_test_of(expr: cst.BaseExpression) -> str | None:
+    """`x` in `(x is None)`."""
+    if (
+        isinstance(expr, cst.Comparison)
+        and len(expr.comparisons) == 1
+        and isinstance(expr.comparisons[0].operator, cst.Is)
+        and _is_none(expr.comparisons[0].comparator)
+    ):
+        return dotted(expr.left)
+    return None
 
 
 def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
