@@ -150,3 +150,19 @@ def test_a_none_sampler_next_to_a_literal_shuffle_is_not_filled():
     )
     result = migrate_source(source, "t.py")
     assert not result.migrated and "own sampler `sampler`" in result.reason
+
+
+def test_an_adaptive_ode_solver_is_named_in_the_report():
+    source = HEADER.replace("import torch\n", "import torch\nfrom torchdiffeq import odeint\n")
+    source += (
+        "t = torch.tensor([0.0, 1.0])\n"
+        "for epoch in range(2):\n    for x, y in loader:\n"
+        "        out = odeint(lambda s, h: model(h).expand_as(h), x, t, rtol=1e-3)[-1]\n"
+        "        ((model(out) - y) ** 2).mean().backward()\n        opt.step()\n"
+    )
+    result = migrate(source)
+    notes = [item for item in result.needs_human if "adaptive-step ODE solver" in item.why]
+    assert notes, result.needs_human
+    assert "odeint(" in result.output.splitlines()[notes[0].line - 1]
+    fixed = source.replace("rtol=1e-3", "method='rk4'")
+    assert not any("ODE" in item.why for item in migrate(fixed).needs_human)

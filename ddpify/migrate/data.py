@@ -71,8 +71,31 @@ def run(tree: Tree, plan: Plan) -> Edits:
     placed = _set_epoch(tree, plan, edits, loaders)
     if plan.shape.converts:
         _note_step_loop_order(tree, plan, [x for x in built_here if id(x.call) not in placed])
+    if plan.shape.converts:
+        _note_adaptive_solvers(tree, plan)
     _map_location(tree, plan, edits)
     return edits
+
+
+ODE_SOLVERS = ("torchdiffeq.odeint", "torchdiffeq.odeint_adjoint")
+FIXED_STEP_METHODS = {"euler", "midpoint", "rk4", "explicit_adams", "implicit_adams"}
+
+
+def _note_adaptive_solvers(tree: Tree, plan: Plan) -> None:
+    """An adaptive ODE solver sizes its steps from an error norm over the whole batch it
+    is given: with the batch split across ranks each rank takes its own steps."""
+    for call in tree.calls_to(*ODE_SOLVERS):
+        method = find_arg(call, "method")
+        if method is not None and isinstance(method.value, cst.SimpleString):
+            if method.value.evaluated_value in FIXED_STEP_METHODS:
+                continue
+        plan.needs_human(
+            "an adaptive-step ODE solver chooses its step sizes from an error norm over the "
+            "batch it is given: each rank now integrates its own part of the batch with "
+            "its own steps, so results agree with the original's only within the solver "
+            "tolerance (rtol/atol); a fixed-step method (method='rk4') matches exactly",
+            tree.code(tree.statement(call)),
+        )
 
 
 # -- samplers ---------------------------------------------------------------------------
