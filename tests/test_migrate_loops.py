@@ -166,3 +166,18 @@ def test_an_adaptive_ode_solver_is_named_in_the_report():
     assert "odeint(" in result.output.splitlines()[notes[0].line - 1]
     fixed = source.replace("rtol=1e-3", "method='rk4'")
     assert not any("ODE" in item.why for item in migrate(fixed).needs_human)
+
+
+def test_dataparallel_nested_under_a_cuda_test_is_refused_with_the_line():
+    """Hoisting it out of the device-count test would still leave CPU ranks unwrapped."""
+    source = HEADER + (
+        "if torch.cuda.is_available():\n"
+        "    if torch.cuda.device_count() > 1:\n"
+        "        model = torch.nn.DataParallel(model)\n"
+        "    model = model.cuda()\n"
+        "for x, y in loader:\n    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert not result.migrated
+    assert "model = torch.nn.DataParallel(model)" in result.reason
+    assert "if torch.cuda.is_available():" in result.reason

@@ -201,6 +201,16 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
                 wrapped.append((target, statement))
             continue
         owner = _device_count_if(tree, statement)
+        if owner is not None and _conditional_owner(tree, owner) is not None:
+            # `if cuda: if device_count() > 1: m.enc = DataParallel(m.enc)`: hoisted out of
+            # the count test, DDP would still wrap on GPUs only, and CPU ranks would drift.
+            raise NotMigrated(
+                Shape.DATA_PARALLEL,
+                f"`{(_first_line(tree.code(statement)) or '').strip()}` is applied only under "
+                f"`{_first_line(tree.code(_conditional_owner(tree, owner)))}`; DDP must wrap the "
+                "trained model on every path: move the wrap out of the condition and migrate "
+                "again",
+            )
         conditional = None if owner else _conditional_owner(tree, statement)
         if conditional is not None:
             wrapped.append(_wrap_after_condition(tree, plan, edits, call, conditional))
