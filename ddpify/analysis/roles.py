@@ -18,6 +18,7 @@ from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_re
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
 from ddpify.analysis.tree import Tree
+from ddpify.walk import children
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 DATA_PARALLEL = "torch.nn.parallel.DataParallel"
@@ -26,6 +27,8 @@ DIST_SAMPLER = "torch.utils.data.DistributedSampler"
 ITERABLE_DATASET = "torch.utils.data.IterableDataset"
 # Wrappers around the loader in `for batch in tqdm(enumerate(loader))`.
 ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
+# Training loops: `for` over batches or epochs, `while step < max_iters` step loops.
+LOOPS = (cst.For, cst.While)
 
 
 def _cached(view, key, compute):
@@ -267,30 +270,45 @@ def _backward_calls(view) -> list[cst.Call]:
     return view.find(cst.Call, lambda c: method_name(c) == "backward")
 
 
-def training_loops(tree: Tree) -> list[cst.For]:
-    """The `for` loops of this module that run the backward pass, also through a step
-    helper they call (defined in any module of the project)."""
+def training_loops(tree: Tree) -> list[cst.For | cst.While]:
+    """The loops of this module that run the backward pass (`for`, or a `while` step loop
+    not inside a `for` over the data), also through a step helper they call (defined in
+    any module of the project)."""
     return [loop for loop in _training_loops(tree.view) if tree.owns(loop)]
 
 
-def _training_loops(view) -> list[cst.For]:
+def _training_loops(view) -> list[cst.For | cst.While]:
     return _cached(view, "training_loops", lambda: _find_training_loops(view))
 
 
-def _find_training_loops(view) -> list[cst.For]:
-    loops: list[cst.For] = []
+def _find_training_loops(view) -> list[cst.For | cst.While]:
+    loops: list[cst.For | cst.While] = []
     pending = [(call, 0) for call in _backward_calls(view)]
     while pending:
         node, depth = pending.pop(0)
         current = view.parent.get(node)
-        while current is not None and not isinstance(current, (cst.For, cst.FunctionDef)):
+        while current is not None and not isinstance(current, (*LOOPS, cst.FunctionDef)):
             current = view.parent.get(current)
-        if isinstance(current, cst.For):
+        if isinstance(current, cst.While):
+            current = _loop_over_data(view, current)
+        if isinstance(current, LOOPS):
             if current not in loops:
                 loops.append(current)
         elif isinstance(current, cst.FunctionDef) and depth < 3:
             pending += [(call, depth + 1) for call in _calls_of(view, current)]
     return loops
+
+
+def _loop_over_data(view, loop: cst.While) -> cst.For | cst.While:
+    """The loop that feeds the step around a `while` loop: a `for` over the data that
+    encloses it (`for x, y in loader: while not done: ...`), else the `while` itself
+    (`while step < max_iters: x, y = next(batches)`, `while (b := next(it, None)) ...`)."""
+    current = view.parent.get(loop)
+    while current is not None and not isinstance(current, cst.FunctionDef):
+        if isinstance(current, cst.For) and iterated_name(current, view) is not None:
+            return current
+        current = view.parent.get(current)
+    return loop
 
 
 def _calls_of(view, func: cst.FunctionDef) -> list[cst.Call]:
@@ -301,9 +319,12 @@ def _calls_of(view, func: cst.FunctionDef) -> list[cst.Call]:
     return [call for call in view.find(cst.Call, calls_func) if not view.inside(call, func)]
 
 
-def iterated_name(loop: cst.For, tree: Tree | None = None) -> str | None:
+def iterated_name(loop: cst.For | cst.While, tree: Tree | None = None) -> str | None:
     """`loader` in `for x in tqdm(enumerate(loader), ...)`; with the tree, also through a
-    progress bar kept in a variable (`pbar = tqdm(loader)`; `for x in pbar`)."""
+    progress bar kept in a variable (`pbar = tqdm(loader)`; `for x in pbar`). None for a
+    `while` loop, which iterates nothing (its batches come from `next()`)."""
+    if not isinstance(loop, cst.For):
+        return None
     name = _unwrapped(loop.iter)
     bindings = _bindings(tree) if tree is not None else {}
     for _ in range(3):  # `bar = tqdm(enumerate(loader))`, at most a few hops
@@ -439,14 +460,15 @@ def _loaders_fed_by_next(
     every = [Loader(call, _names_of_loader(tree, call)) for call in tree.calls_to(DATA_LOADER)]
     bindings = _bindings(tree)
     models = model_names(tree)
+    sources = {"next", "iter", "__next__", "__iter__"} | set(tree.view.functions())
+    sources |= {cls.name.value for cls in tree.view.find(cst.ClassDef)}
     still = []
     for loop in unresolved:
         feeding = set()
-        for batch in batch_assignments(loop, models):
-            read = names_read(batch.value)
-            for name in list(read):
-                for value in bindings.get(name, []):
-                    read |= names_read(value)
+        values = [batch.value for batch in batch_assignments(loop, models)]
+        values += [walrus.value for walrus in _walrus_batches(loop)]
+        for value in values:
+            read = _read_through(names_read(value), bindings, sources)
             feeding |= {id(loader.call) for loader in every if loader.names & read}
         if not feeding:
             still.append(loop)
@@ -454,6 +476,50 @@ def _loaders_fed_by_next(
             if id(loader.call) in feeding and all(loader.call is not t.call for t in loaders):
                 loaders.append(loader)
     return loaders, still
+
+
+def _read_through(read: set[str], bindings, sources: set[str]) -> set[str]:
+    """`read` and what its names were bound from: one assignment back for any name (as
+    `x, y = data_gen.__next__()` reads `data_gen = inf_generator(loader)`), then further back
+    only through assignments that pull from a source (`sources`: `next`, `iter`, the
+    project's own generators and fetcher classes): `x = batch["x"]` <- `batch = next(fetcher)`
+    <- `fetcher = Fetcher(loader)`, never through `n = len(loader)`."""
+    found = set(read)
+    for name in read:
+        for value in bindings.get(name, []):
+            found |= names_read(value)
+    for _ in range(3):
+        values = [v for known in found for v in bindings.get(known, []) if _pulls(v, sources)]
+        more = {name for value in values for name in names_read(value)}
+        if more <= found:
+            break
+        found |= more
+    return found
+
+
+def _pulls(value: cst.BaseExpression, sources: set[str]) -> bool:
+    """`next(it)`, `iter(loader)`, `it.__next__()`, `Fetcher(loader)`, `gen(loader)`, or a
+    part of what one of those gave (`batch["x"]`, `batch.x`)."""
+    while isinstance(value, (cst.Subscript, cst.Attribute)):
+        value = value.value
+    if not isinstance(value, cst.Call):
+        return isinstance(value, cst.Name)
+    callee = dotted(value.func)
+    return callee is not None and callee.rsplit(".", 1)[-1] in sources
+
+
+def _walrus_batches(loop: cst.For | cst.While) -> list[cst.NamedExpr]:
+    """`(batch := next(it, None))` in a `while` loop's test: the batch enters the step there."""
+    if not isinstance(loop, cst.While):
+        return []
+    found = []
+    stack = [loop.test]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.NamedExpr):
+            found.append(node)
+        stack.extend(children(node))
+    return found
 
 
 def hand_made_batches(tree: Tree) -> list[BatchAssignment]:

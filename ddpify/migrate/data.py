@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.roles import project_has_hand_made_batches
+from ddpify.analysis.roles import iterated_name, project_has_hand_made_batches, training_loops
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
@@ -68,9 +68,34 @@ def run(tree: Tree, plan: Plan) -> Edits:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:
             _batch_and_lr(tree, plan, edits, built_here)
-    _set_epoch(tree, plan, edits, loaders)
+    placed = _set_epoch(tree, plan, edits, loaders)
+    if plan.shape.converts:
+        _note_step_loop_order(tree, plan, [x for x in built_here if id(x.call) not in placed])
+    if plan.shape.converts:
+        _note_adaptive_solvers(tree, plan)
     _map_location(tree, plan, edits)
     return edits
+
+
+ODE_SOLVERS = ("torchdiffeq.odeint", "torchdiffeq.odeint_adjoint")
+FIXED_STEP_METHODS = {"euler", "midpoint", "rk4", "explicit_adams", "implicit_adams"}
+
+
+def _note_adaptive_solvers(tree: Tree, plan: Plan) -> None:
+    """An adaptive ODE solver sizes its steps from an error norm over the whole batch it
+    is given: with the batch split across ranks each rank takes its own steps."""
+    for call in tree.calls_to(*ODE_SOLVERS):
+        method = find_arg(call, "method")
+        if method is not None and isinstance(method.value, cst.SimpleString):
+            if method.value.evaluated_value in FIXED_STEP_METHODS:
+                continue
+        plan.needs_human(
+            "an adaptive-step ODE solver chooses its step sizes from an error norm over the "
+            "batch it is given: each rank now integrates its own part of the batch with "
+            "its own steps, so results agree with the original's only within the solver "
+            "tolerance (rtol/atol); a fixed-step method (method='rk4') matches exactly",
+            tree.code(tree.statement(call)),
+        )
 
 
 # -- samplers ---------------------------------------------------------------------------
@@ -99,6 +124,8 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     batch_sampler = find_arg(call, "batch_sampler")
     if sampler is not None or batch_sampler is not None:
         given = sampler or batch_sampler
+        if sampler is not None and _shard_none_sampler(tree, plan, edits, call, sampler):
+            return
         if _sampler_call(tree, given.value) is None:  # type: ignore[union-attr]
             if plan.shape.converts:
                 raise NotMigrated(
@@ -145,6 +172,55 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
         f"sampler={plan.sampler}(",
         "DDP020",
     )
+
+
+def _shard_none_sampler(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, sampler) -> bool:
+    """`train_sampler = None` then `DataLoader(ds, shuffle=(train_sampler is None),
+    sampler=train_sampler)`: the slot a distributed script fills with a DistributedSampler;
+    fill it (the shuffle test then turns the loader's own shuffle off)."""
+    name = dotted(sampler.value)
+    dataset = find_arg(call, "dataset", 0)
+    data = dotted(dataset.value) if dataset is not None else None
+    if name is None or "." in name or data is None:
+        return False
+    bindings = [
+        a for a in tree.find(cst.Assign) if any(dotted(t.target) == name for t in a.targets)
+    ]
+    if len(bindings) != 1 or not _is_none(bindings[0].value):
+        return False
+    binding = bindings[0]
+    if tree.scope(binding) is not tree.scope(call) or tree.after(binding, call):
+        return False
+    shuffle = find_arg(call, "shuffle", 2)
+    if shuffle is not None and _none_test_of(shuffle.value) != name:
+        return False  # `shuffle=True` next to a sampler would raise: leave it to a human
+    plan.needs.add("sampler")
+    new = snippets.expression(f"{plan.sampler}({data}, shuffle=True)")
+    edits.replace(binding.value, new)
+    plan.change(
+        NAME,
+        f"the training loader's empty sampler slot `{name}` gets a DistributedSampler "
+        "(shuffling, as the loader did without one)",
+        f"{name} = {plan.sampler}(",
+        "DDP020",
+    )
+    return True
+
+
+def _is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def _none_test_of(expr: cst.BaseExpression) -> str | None:
+    """`x` in `(x is None)`."""
+    if (
+        isinstance(expr, cst.Comparison)
+        and len(expr.comparisons) == 1
+        and isinstance(expr.comparisons[0].operator, cst.Is)
+        and _is_none(expr.comparisons[0].comparator)
+    ):
+        return dotted(expr.left)
+    return None
 
 
 def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
@@ -321,14 +397,19 @@ def _epoch_loops(tree: Tree) -> list[cst.For]:
     return loops
 
 
-def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> None:
+def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> set[int]:
+    """Place set_epoch in the epoch loops; the ids of the loader calls an epoch loop
+    reshuffles (it already calls set_epoch, or now does)."""
     names = {name: loader for loader in loaders for name in loader.names}
+    placed: set[int] = set()
     if not names:
-        return
+        return placed
     for loop in _epoch_loops(tree):
+        found = _loader_in(tree, loop, names)
+        if found is not None:
+            placed.add(id(names[found].call))
         if any(method_name(c) == "set_epoch" for c in tree.within(loop, cst.Call)):
             continue
-        found = _loader_in(tree, loop, names)
         if found is None:
             continue
         if not isinstance(loop.target, cst.Name):
@@ -344,6 +425,31 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> N
             "set_epoch at the top of each epoch, so each epoch reshuffles",
             code.splitlines()[0],
             "DDP022",
+        )
+    return placed
+
+
+def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
+    """A shuffled loader that a step loop draws from with next() (`iter(loader)`, an
+    endless generator, a fetcher object), with no epoch loop to call set_epoch: the
+    DistributedSampler then repeats the first pass's order on every pass, where the
+    original reshuffled. Where the iterator restarts is the user's code: say so."""
+    if any(method_name(c) == "set_epoch" for c in tree.view.find(cst.Call)):
+        return
+    loops = training_loops(tree.view)
+    for loader in loaders:
+        shuffle = find_arg(loader.call, "shuffle", 3)
+        if shuffle is None or dotted(shuffle.value) == "False":
+            continue
+        if any(iterated_name(loop, tree.view) in loader.names for loop in loops):
+            continue  # a `for` over the loader: one pass per loop, as in the original
+        name = sorted(loader.names, key=_most_qualified)[-1]
+        plan.needs_human(
+            f"the step loop draws from `{name}` with next() and nothing calls set_epoch: "
+            "every pass over the data now repeats one shuffled order (the original "
+            f"reshuffled); call `{name}.sampler.set_epoch(k)`, k counting the passes (the "
+            "same on every rank), where the iterator restarts",
+            tree.code(tree.statement(loader.call)),
         )
 
 

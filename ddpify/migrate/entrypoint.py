@@ -14,6 +14,7 @@ import libcst as cst
 from ddpify.analysis.devices import cuda_placement
 from ddpify.analysis.guards import classify
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import trained_model_names
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
@@ -24,6 +25,7 @@ from ddpify.migrate.analyze import (
     Plan,
     Shape,
     local_rank_arguments,
+    train_loaders,
 )
 from ddpify.migrate.edits import Edits
 
@@ -138,13 +140,27 @@ def _start_and_stop(tree, plan, edits, anchor, setup) -> None:
     destroy = _call(plan, "{dist}.destroy_process_group()")
     if guard is not None:
         body = list(guard.body.body)
-        edits.prepend[guard].append(_call(plan, "{setup}()"))
+        built = _built_at_import(tree, guard)
+        if built is None:
+            edits.prepend[guard].append(_call(plan, "{setup}()"))
+            plan.change(
+                NAME, "join the process group under the __main__ guard", f"{SETUP_FUNCTION}()"
+            )
+        else:
+            # DDP(...) and DistributedSampler(...) need the group where the model or the
+            # loader is built: at import, above the guard.
+            _insert_after(tree, edits, anchor, [_call(plan, "\n\n{setup}()")])
+            plan.change(
+                NAME,
+                f"join the process group at module level, before `{built}` builds what DDP "
+                "and the sampler need (the __main__ guard only runs the training)",
+                f"{SETUP_FUNCTION}()",
+            )
 
         def wrap(members: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
             return [snippets.try_finally(members, destroy)]
 
         edits.group(body, wrap)
-        plan.change(NAME, "join the process group under the __main__ guard", f"{SETUP_FUNCTION}()")
         plan.change(NAME, "destroy_process_group() in a finally", "finally:", "DDP002")
         return
     _insert_after(tree, edits, anchor, [_call(plan, "\n\n{setup}()")])
@@ -157,6 +173,26 @@ def _start_and_stop(tree, plan, edits, anchor, setup) -> None:
         f"{plan.dist}.destroy_process_group()",
         "DDP002",
     )
+
+
+def _built_at_import(tree: Tree, guard: cst.If) -> str | None:
+    """The first line of a module-level statement outside the __main__ guard that builds a
+    trained model or the training loader (wrapped in DDP / given a DistributedSampler
+    right there, so the process group must exist before it), else None."""
+    models = trained_model_names(tree)
+    loaders = [loader.call for loader in train_loaders(tree)[0] if tree.owns(loader.call)]
+    for stmt in tree.module.body:
+        if stmt is guard or isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        small = stmt.body[0]
+        binds = isinstance(small, cst.Assign) and any(
+            dotted(t.target) in models for t in small.targets
+        )
+        if binds or any(tree.inside(call, stmt) for call in loaders):
+            return tree.code(stmt).strip().splitlines()[0]
+    return None
 
 
 def _remove_set_device(tree: Tree, plan: Plan, edits: Edits) -> None:

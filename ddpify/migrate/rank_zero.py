@@ -12,11 +12,12 @@ import bisect
 
 import libcst as cst
 
+from ddpify.analysis.batches import model_calls
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
-from ddpify.migrate.analyze import Plan, backward_calls, training_loops
+from ddpify.migrate.analyze import Plan, backward_calls, model_names, training_loops
 from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
 
@@ -25,6 +26,7 @@ LOG_METHODS = {"info", "debug", "warning", "warn", "log"}
 LOGGER_NAMES = {"logger", "log", "logging", "LOGGER", "LOG", "_logger"}
 WRITER_CLASSES = ("SummaryWriter",)
 WANDB = {"init", "log", "finish", "save", "watch", "log_artifact"}
+BUFFER_WORDS = ("BatchNorm", "register_buffer", "running_mean")
 RANK_CONSTANT = 'RANK = int(os.environ.get("RANK", "0"))\n'
 
 
@@ -190,7 +192,26 @@ def _needs_guard(tree: Tree, plan: Plan, stmt: cst.BaseStatement, rank: str) -> 
         return False
     if tree.function(stmt) is None and not _after_rank(tree, stmt, rank):
         return False
+    if _has_buffers(tree) and model_calls(stmt, model_names(tree)):
+        # DDP's forward broadcasts the buffers to every rank: on rank 0 alone it would hang.
+        plan.needs_human(
+            "this runs the model's forward, which every rank must run under DDP (it syncs "
+            "buffers), so it is left on every rank: compute the value on every rank and "
+            "log it under `if RANK == 0:` (DDP053)",
+            tree.code(stmt),
+        )
+        return False
     return True
+
+
+def _has_buffers(tree: Tree) -> bool:
+    """Whether the script's models hold buffers (BatchNorm statistics, registered
+    buffers), which DDP's forward broadcasts from rank 0 to the others."""
+    cache = tree.__dict__.setdefault("_rank_zero_buffers", [])
+    if not cache:
+        trees = getattr(tree.view, "trees", [tree])
+        cache.append(any(word in t.module.code for t in trees for word in BUFFER_WORDS))
+    return cache[0]
 
 
 def _after_rank(tree: Tree, stmt: cst.BaseStatement, rank: str) -> bool:

@@ -228,6 +228,16 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
                 wrapped.append((target, statement))
             continue
         owner = _device_count_if(tree, statement)
+        if owner is not None and _conditional_owner(tree, owner) is not None:
+            # `if cuda: if device_count() > 1: m.enc = DataParallel(m.enc)`: hoisted out of
+            # the count test, DDP would still wrap on GPUs only, and CPU ranks would drift.
+            raise NotMigrated(
+                Shape.DATA_PARALLEL,
+                f"`{(_first_line(tree.code(statement)) or '').strip()}` is applied only under "
+                f"`{_first_line(tree.code(_conditional_owner(tree, owner)))}`; DDP must wrap the "
+                "trained model on every path: move the wrap out of the condition and migrate "
+                "again",
+            )
         conditional = None if owner else _conditional_owner(tree, statement)
         if conditional is not None:
             wrapped.append(_wrap_after_condition(tree, plan, edits, call, conditional))
@@ -372,10 +382,15 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
     if not optimizers:
         raise NotMigrated(Shape.UNKNOWN, "no torch.optim optimizer found; cannot tell the model")
     already = {bound_target(tree, call) for call in tree.calls_to(DDP)}
-    trained = _trained_bindings(tree, optimizers)
+    collections: dict[
+        str, str
+    ] = {}  # `nets` -> `net`, for `[Adam(net.parameters()) for net in nets]`
+    trained = _trained_bindings(tree, optimizers, collections)
     # Several trained modules (a GAN): a step often uses only part of one (the
     # discriminator's auxiliary heads in the generator step), which DDP must be told.
-    several = len({name for name, _ in trained}) > 1
+    # A list of modules is several too, built alike but perhaps configured apart
+    # (`Net(batch_normalization=False)` leaves its input BatchNorm unused).
+    several = len({name for name, _ in trained}) > 1 or bool(collections)
     extra = ", find_unused_parameters=True" if several else ""
     wrapped = []
     for target, binding in trained:
@@ -385,26 +400,59 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
         inserted = []
         if _wants_sync_bn(tree, plan):
             inserted.append(_sync_bn(plan, target))
+        if target in collections:
+            element = collections[target]
+            wrap = _ddp_call(tree, plan, element, extra)
+            inserted = [snippets.statement(f"{target} = [{wrap} for {element} in {target}]")]
+            edits.after[place].extend(inserted)
+            plan.change(
+                NAME,
+                f"wrap each module of {target} in DistributedDataParallel",
+                f"{target} = [{plan.ddp}(",
+            )
+            _note_find_unused(plan, f"{target} = [{plan.ddp}(")
+            if _wants_sync_bn(tree, plan):
+                plan.needs_human(
+                    f"the modules of `{target}` keep their BatchNorm per rank: convert each "
+                    "with torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap on "
+                    "CUDA if the statistics must be global (DDP030)",
+                    None,
+                )
+            wrapped.append((target, place))
+            continue
         inserted.append(snippets.statement(f"{target} = {_ddp_call(tree, plan, target, extra)}"))
         edits.after[place].extend(inserted)
         plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
         if several:
-            plan.needs_human(
-                "several trained modules are wrapped with find_unused_parameters=True, since a "
-                "step may use only part of one; drop it where every parameter gets a gradient "
-                "in every backward (it costs a graph traversal per step) (DDP034)",
-                f"{target} = {plan.ddp}(",
-            )
+            _note_find_unused(plan, f"{target} = {plan.ddp}(")
         wrapped.append((target, place))
     return wrapped
 
 
-def _trained_bindings(tree: Tree, optimizers: list[cst.Call]) -> list:
+def _note_find_unused(plan: Plan, anchor: str) -> None:
+    plan.needs_human(
+        "several trained modules are wrapped with find_unused_parameters=True, since a "
+        "step may use only part of one; drop it where every parameter gets a gradient "
+        "in every backward (it costs a graph traversal per step) (DDP034)",
+        anchor,
+    )
+
+
+def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict) -> list:
     """(name, the statement that builds it) for each trained module; `model.fc` in a
-    per-layer optimizer resolves to the `model` it belongs to."""
+    per-layer optimizer resolves to the `model` it belongs to; `net` in
+    `[Adam(net.parameters()) for net in nets]` to the list `nets` (recorded in
+    `collections` with its element name: each of its modules is wrapped)."""
     found = []
     for optimizer in optimizers:
         for owner in trained_owners(tree.view, optimizer):
+            collection = _comprehension_source(tree, optimizer, owner)
+            if collection is not None:
+                binding = _binding(tree, collection, optimizer)
+                if binding is not None and collection.isidentifier():
+                    collections[collection] = owner
+                    found.append((collection, binding))
+                    continue
             resolved = _resolve_owner(tree, owner, optimizer)
             if resolved is None:
                 line = _first_line(tree.code(tree.statement(optimizer)))
@@ -415,6 +463,18 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call]) -> list:
                 )
             found.append(resolved)
     return found
+
+
+def _comprehension_source(tree: Tree, optimizer: cst.Call, owner: str) -> str | None:
+    """`nets` when `optimizer` is built in a comprehension `for owner in nets`."""
+    current = tree.parent.get(optimizer)
+    while current is not None and not isinstance(current, cst.BaseStatement):
+        if isinstance(current, (cst.ListComp, cst.GeneratorExp, cst.DictComp)):
+            clause = current.for_in
+            if isinstance(clause.target, cst.Name) and clause.target.value == owner:
+                return dotted(clause.iter)
+        current = tree.parent.get(current)
+    return None
 
 
 def _resolve_owner(tree: Tree, owner: str, near: cst.CSTNode):
