@@ -77,13 +77,27 @@ def test_a_hung_command_is_killed_with_its_children(gpu, tmp_path):
     assert status is None and time.monotonic() - start < 30
     grandchild = int(output.split()[0])
     for _ in range(50):
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
+        if not _alive(grandchild):
             break
         time.sleep(0.1)
     else:
         pytest.fail("the command's child outlived the timeout")
+
+
+def _alive(pid: int) -> bool:
+    """Running, not merely a zombie: a killed orphan waits to be reaped by PID 1, which
+    in some containers never reaps, so `kill(pid, 0)` alone would call it alive."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def test_the_table_has_a_row_per_case_with_its_first_error(gpu):

@@ -80,3 +80,48 @@ def test_makedirs_with_exist_ok_needs_nothing():
         "    setup('runs/a')\n    train()\n",
     )
     assert "barrier" not in out
+
+
+def _with_setup(setup: str) -> str:
+    return (
+        HEAD
+        + "import sys\n\n\ndef setup(path, keep):\n"
+        + setup
+        + TRAIN
+        + "\n\nif __name__ == '__main__':\n    setup('runs/a', False)\n    train()\n"
+    )
+
+
+def test_an_exit_beside_a_reset_stays_on_every_rank():
+    # Under rank 0 alone, the exit would leave the other ranks waiting at the barrier.
+    result = migrate_source(
+        _with_setup(
+            "    if not keep:\n        shutil.rmtree(path)\n    else:\n        sys.exit(0)\n"
+        )
+    )
+    assert result.migrated, result.reason
+    assert (
+        "    if not keep:\n"
+        "        if RANK == 0:\n"
+        "            shutil.rmtree(path)\n"
+        "        dist.barrier()\n"
+        "    else:\n"
+        "        sys.exit(0)\n"
+    ) in result.output
+
+
+def test_a_reset_under_a_folder_test_beside_an_exit_is_reported():
+    result = migrate_source(
+        _with_setup(
+            "    if os.path.exists(path):\n"
+            "        if not keep:\n"
+            "            shutil.rmtree(path)  # a fresh run\n"
+            "        else:\n"
+            "            sys.exit(0)\n"
+        )
+    )
+    assert result.migrated, result.reason
+    assert "barrier" not in result.output
+    assert "            shutil.rmtree(path)  # a fresh run\n" in result.output
+    reported = [h for h in result.needs_human if "they race" in h.why]
+    assert [h.anchor for h in reported] == ["shutil.rmtree(path)  # a fresh run"]

@@ -39,6 +39,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if statement is None or any(tree.inside(statement, d) for d in done):
             continue
         if not _safe(tree, call, statement):
+            _report_unguarded(tree, plan, call)
             continue
         done.append(statement)
         edits.group([statement], _guarded_then_barrier(plan))
@@ -51,6 +52,23 @@ def run(tree: Tree, plan: Plan) -> Edits:
             line,
         )
     return edits
+
+
+def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
+    """A reset left on every rank where it may race: say so, unless rank 0 alone runs it
+    already or it is part of the training step."""
+    if rank_zero_scope(tree.ancestors(call)) is not None or tree.function(call) is None:
+        return
+    if any(tree.inside(step, tree.statement(call)) for step in backward_calls(tree)):
+        return
+    plan.needs_human(
+        "every rank removes or makes this folder, and they race (one rank removes what "
+        "another made, or makedirs fails on the second); ddpify did not move it under "
+        "rank 0 because not every rank would then reach the barrier after it (it is under "
+        "a test of the folder, in a loop, or next to an exit); run it on rank 0 and call "
+        "dist.barrier() where every rank passes",
+        tree.code(tree.statement(call)),
+    )
 
 
 def _guarded_then_barrier(plan: Plan):
@@ -90,6 +108,8 @@ def _reset_statement(tree: Tree, call: cst.Call) -> cst.BaseStatement | None:
             owner = tree.parent.get(owner)
         if owner is None or _assigned(tree, owner) & _read_after(tree, func, owner):
             break
+        if _leaves(tree, owner):  # rank 0 alone would exit, the others wait at the barrier
+            break
         statement = owner
     return statement
 
@@ -100,9 +120,19 @@ def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
         return False
     if any(tree.inside(c, statement) for c in backward_calls(tree)):
         return False
-    if not _every_rank_reaches(tree, func, statement):
+    if _leaves(tree, statement) or not _every_rank_reaches(tree, func, statement):
         return False
     return _called_on_every_rank(tree, func)
+
+
+EXITS = ("sys.exit", "exit", "quit", "os._exit")
+
+
+def _leaves(tree: Tree, statement: cst.BaseStatement) -> bool:
+    """`statement` may leave its function or the program: a return, a raise, an exit."""
+    if any(True for _ in tree.within(statement, (cst.Return, cst.Raise))):
+        return True
+    return any(tree.qualify(c.func) in EXITS for c in tree.within(statement, cst.Call))
 
 
 def _every_rank_reaches(tree: Tree, func: cst.FunctionDef, statement: cst.BaseStatement) -> bool:
