@@ -29,7 +29,7 @@ class GateError(Exception):
 def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None) -> cst.Module:
     """The input must be Python that CPython compiles, and come back from libcst byte for
     byte, or we must not touch it. `render` renders the module (default `Module.code`)."""
-    error = python_rejects(text, "<input>")
+    error = python_rejects(text, "<input>", whole=True)
     if error is not None:
         where = f" (line {error.lineno})" if error.lineno else ""
         raise GateError("parse", f"input does not parse: {error.msg}{where}")

@@ -72,10 +72,12 @@ def risky(text: str) -> bool:
     return False
 
 
-def python_rejects(text: str, filename: str) -> SyntaxError | None:
-    """CPython's own verdict, from its C parser, which bounds nesting instead of crashing."""
+def python_rejects(text: str, filename: str, *, whole: bool = False) -> SyntaxError | None:
+    """CPython's own verdict, from its C parser, which bounds nesting instead of crashing.
+    `whole`: the compiler's later checks too (`return` outside a function, a nonlocal
+    with no binding), which a parse alone lets through."""
     try:
-        compile(text, filename, "exec", 1024, dont_inherit=True)  # ast.PyCF_ONLY_AST
+        compile(text, filename, "exec", 0 if whole else 1024, dont_inherit=True)  # 1024: AST only
     except SyntaxError as exc:
         return exc
     except (RecursionError, MemoryError):

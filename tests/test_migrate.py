@@ -471,6 +471,8 @@ def test_crlf_newlines_and_encoding_survive(tmp_path):
     [
         (None, "No such file"),
         (b"def broken(:\n", "does not parse"),
+        # libcst parses it; CPython's compiler refuses it (line 2 named)
+        (b"import torch\nreturn 1\n", "'return' outside function (line 2)"),
         (b"x = '\xff\xfe'\n", "cannot decode"),
     ],
 )
@@ -599,3 +601,29 @@ def test_a_loop_over_models_inside_the_loader_loop_trains_on_that_loader():
     result = migrate_source(source, "t.py")
     assert result.migrated
     assert "sampler=DistributedSampler(" in result.output
+
+
+def test_a_script_that_imports_torch_only_inside_a_function_is_refused():
+    # The module-level set-up migrate adds would use torch, os and dist where none exists;
+    # migrating such an output again duplicated it (found by benchmarks/fuzz.py).
+    text = (
+        "def run():\n"
+        "    import torch\n\n"
+        "    model = torch.nn.Linear(4, 1)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for _ in range(3):\n"
+        "        opt.zero_grad()\n"
+        "        model(torch.randn(8, 4)).sum().backward()\n"
+        "        opt.step()\n\n\n"
+        "run()\n"
+    )
+    result = migrate_source(text)
+    assert not result.migrated and result.output == text
+    assert "`import torch`" in result.reason and "top of the file" in result.reason
+
+
+def test_a_lazy_torch_import_beside_a_module_level_one_is_no_reason_to_refuse():
+    text = (FIXTURES / "migrate" / "single_toplevel" / "before.py").read_text()
+    text += "\n\ndef export():\n    import torch.onnx\n"
+    result = migrate_source(text)
+    assert result.migrated, result.reason

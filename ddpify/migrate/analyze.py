@@ -185,6 +185,7 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
             "cannot tell which object is the model (no `optimizer(model.parameters())`)",
         )
     if shape.converts:
+        _refuse_nested_torch_import(entry)
         _refuse_launcher_elsewhere(trees)
         loaders, _ = train_loaders(entry)
         unresolved = [loop for tree in trees for loop in train_loaders(tree)[1]]
@@ -214,6 +215,28 @@ def computed_imports(trees: list[Tree]) -> str:
         "(e.g. `from models.my_model import MyModel` in the entry script) and migrate again, "
         "or convert it by hand"
     )
+
+
+def _refuse_nested_torch_import(tree: Tree) -> None:
+    """The entry script imports torch only inside a function: the set-up ddpify adds at
+    module level (RANK, init_distributed, DDP) would use names that do not exist there."""
+    imports = tree.find((cst.Import, cst.ImportFrom), lambda node: _imports_torch(node))
+    if not imports or any(tree.function(node) is None for node in imports):
+        return
+    line = _first_line(tree.code(tree.statement(imports[0])))
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"torch is imported only inside a function (`{line}`), and the process-group "
+        "set-up ddpify adds runs at module level: import torch at the top of the file and "
+        "migrate again",
+    )
+
+
+def _imports_torch(node: cst.Import | cst.ImportFrom) -> bool:
+    if isinstance(node, cst.ImportFrom):
+        module = dotted(node.module) if node.module is not None and not node.relative else ""
+        return (module or "").split(".")[0] == "torch"
+    return any((dotted(alias.name) or "").split(".")[0] == "torch" for alias in node.names)
 
 
 def _refuse_launcher_elsewhere(trees: list[Tree]) -> None:
