@@ -11,10 +11,11 @@ forked child of this process (so no run leaves state to the next), with the run'
 directory, environment, argv and settings file, its output in `<log>.rank<R>` and its exit
 in `<status>.rank<R>` ({"returncode", "timed_out", "seconds"}).
 
-Under torchrun, each run gets a rendezvous store of its own, served by rank 0's batch
-process: a script re-initialising the default group on the store of a previous run would
-find its keys and wait forever. As torchrun's agent does, a run that fails on one rank is
-stopped on the others (they would wait for it in a collective until the timeout).
+Under torchrun, each run gets a rendezvous store of its own, served by a keeper process
+that rank 0's batch process starts (StoreKeeper): a script re-initialising the default
+group on the store of a previous run would find its keys and wait forever. As torchrun's
+agent does, a run that fails on one rank is stopped on the others (they would wait for it
+in a collective until the timeout).
 
 Like probe.py, this file needs only the standard library and torch.
 """
@@ -47,7 +48,6 @@ class Rendezvous:
             return
         from torch.distributed import TCPStore
 
-        self.store_type = TCPStore
         self.host = os.environ["MASTER_ADDR"]
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
@@ -59,9 +59,7 @@ class Rendezvous:
             return
         key = f"ddpify-batch/{index}/port"
         if self.rank == 0:  # port 0: the system picks a free one; the others read it
-            self.current = self.store_type(
-                self.host, 0, self.world, is_master=True, wait_for_workers=False
-            )
+            self.current = StoreKeeper(self.host, self.world)
             self.launcher.set(key, str(self.current.port))
         os.environ["MASTER_PORT"] = self.launcher.get(key).decode()
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the scripts connect as clients
@@ -81,7 +79,53 @@ class Rendezvous:
         if self.launcher.add(key, 1) == self.world:
             self.launcher.set(key + "/all", "1")
         self.launcher.wait([key + "/all"])
+        if self.current is not None:
+            self.current.stop()
         self.current = None
+
+
+class StoreKeeper:
+    """A fresh rendezvous store, served by a process of its own.
+
+    The store's server runs a thread; were it served here, every later fork of a run would
+    copy a process whose server thread may hold a lock, and that run could hang before its
+    first line (seen about once in three suite runs on 2 busy cores). This process forks the
+    keeper while it has no such thread; the keeper never forks."""
+
+    def __init__(self, host, world):
+        port_read, port_write = os.pipe()
+        stop_read, self._stop = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(port_read)
+            os.close(self._stop)
+            os._exit(_keep_store(host, world, port_write, stop_read))
+        os.close(port_write)
+        os.close(stop_read)
+        with os.fdopen(port_read, "rb") as answer:
+            port = answer.read().decode()
+        if not port:
+            os.waitpid(self.pid, 0)
+            raise RuntimeError("the rendezvous store could not be started")
+        self.port = int(port)
+
+    def stop(self):
+        os.close(self._stop)  # the keeper's read returns: it exits
+        os.waitpid(self.pid, 0)
+
+
+def _keep_store(host, world, port_write, stop_read):
+    try:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(host, 0, world, is_master=True, wait_for_workers=False)
+        os.write(port_write, str(store.port).encode())
+        os.close(port_write)
+        os.read(stop_read, 1)  # until the runner stops it, or dies (end of file)
+        return 0
+    except BaseException:  # noqa: BLE001 - the runner sees no port and says so
+        traceback.print_exc()
+        return 1
 
 
 def run_one(index, run, rendezvous, probe_main):
