@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -77,7 +78,9 @@ def python_rejects(text: str, filename: str, *, whole: bool = False) -> SyntaxEr
     `whole`: the compiler's later checks too (`return` outside a function, a nonlocal
     with no binding), which a parse alone lets through."""
     try:
-        compile(text, filename, "exec", 0 if whole else 1024, dont_inherit=True)  # 1024: AST only
+        with warnings.catch_warnings():  # the script's own SyntaxWarnings are not our output
+            warnings.simplefilter("ignore")
+            compile(text, filename, "exec", 0 if whole else 1024, dont_inherit=True)  # 1024: AST
     except SyntaxError as exc:
         return exc
     except (RecursionError, MemoryError):
