@@ -92,36 +92,46 @@ def _with_setup(setup: str) -> str:
     )
 
 
-def test_an_exit_beside_a_reset_stays_on_every_rank():
-    # Under rank 0 alone, the exit would leave the other ranks waiting at the barrier.
-    result = migrate_source(
-        _with_setup(
-            "    if not keep:\n        shutil.rmtree(path)\n    else:\n        sys.exit(0)\n"
-        )
-    )
-    assert result.migrated, result.reason
-    assert (
-        "    if not keep:\n"
-        "        if RANK == 0:\n"
-        "            shutil.rmtree(path)\n"
-        "        dist.barrier()\n"
-        "    else:\n"
-        "        sys.exit(0)\n"
-    ) in result.output
-
-
-def test_a_reset_under_a_folder_test_beside_an_exit_is_reported():
+def test_a_reset_beside_an_exit_is_guarded_and_the_exit_reported():
+    # Racing ranks in the usual path would be worse than rank 0 alone leaving: the reset
+    # goes under rank 0, and the exit that now runs there alone is named for a human.
     result = migrate_source(
         _with_setup(
             "    if os.path.exists(path):\n"
             "        if not keep:\n"
-            "            shutil.rmtree(path)  # a fresh run\n"
+            "            shutil.rmtree(path)\n"
             "        else:\n"
-            "            sys.exit(0)\n"
+            "            sys.exit(0)  # keep the old run\n"
+        )
+    )
+    assert result.migrated, result.reason
+    assert (
+        "    if RANK == 0:\n"
+        "        if os.path.exists(path):\n"
+        "            if not keep:\n"
+        "                shutil.rmtree(path)\n"
+        "            else:\n"
+        "                sys.exit(0)  # keep the old run\n"
+        "    dist.barrier()\n"
+    ) in result.output
+    reported = [h for h in result.needs_human if "exit now runs on rank 0 only" in h.why]
+    assert [h.anchor for h in reported] == ["sys.exit(0)  # keep the old run"]
+
+
+def test_a_reset_that_cannot_move_under_rank_zero_is_reported():
+    # `fresh` is read after the `if`, so only the rmtree itself could move, and it sits
+    # under a test of the folder that rank 0 is changing: left to every rank, and said.
+    result = migrate_source(
+        _with_setup(
+            "    fresh = False\n"
+            "    if os.path.exists(path):\n"
+            "        shutil.rmtree(path)  # a fresh run\n"
+            "        fresh = True\n"
+            "    print(fresh, keep)\n"
         )
     )
     assert result.migrated, result.reason
     assert "barrier" not in result.output
-    assert "            shutil.rmtree(path)  # a fresh run\n" in result.output
+    assert "        shutil.rmtree(path)  # a fresh run\n" in result.output
     reported = [h for h in result.needs_human if "they race" in h.why]
     assert [h.anchor for h in reported] == ["shutil.rmtree(path)  # a fresh run"]

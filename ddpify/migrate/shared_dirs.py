@@ -10,7 +10,10 @@ from using the folder before it exists.
 Only where that is safe: in a function (never at import time, before the process group
 exists) that every rank calls (no call of it under a rank-0 guard, where the barrier
 would wait forever), outside the training loop, and when the guarded statement binds
-no name that the code after it reads (the other ranks skip those assignments).
+no name that the code after it reads (the other ranks skip those assignments). An exit
+inside the reset (`print("Folder exists."); sys.exit(0)`) then runs on rank 0 alone: it is
+reported, since leaving the reset to every rank would make the usual path race. A reset
+left to every rank is reported too.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
             continue
         done.append(statement)
         edits.group([statement], _guarded_then_barrier(plan))
+        _report_exit(tree, plan, statement)
         plan.needs.add("dist")
         line = tree.code(statement).strip().splitlines()[0]
         plan.change(
@@ -68,6 +72,21 @@ def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
         "a test of the folder, in a loop, or next to an exit); run it on rank 0 and call "
         "dist.barrier() where every rank passes",
         tree.code(tree.statement(call)),
+    )
+
+
+def _report_exit(tree: Tree, plan: Plan, statement: cst.BaseStatement) -> None:
+    """The reset may leave (`print("Folder exists."); sys.exit(0)`): under rank 0, only
+    rank 0 leaves and the others wait at the barrier. Racing ranks in the usual path would
+    be worse, so the reset is still guarded, and the exit is reported."""
+    leaving = _leaving_node(tree, statement)
+    if leaving is None:
+        return
+    plan.needs_human(
+        "this exit now runs on rank 0 only (it is part of the folder reset moved under rank "
+        "0); the other ranks would wait at the barrier after it: decide on every rank "
+        "whether to stop (e.g. test the folder before the reset) or broadcast the decision",
+        tree.code(tree.statement(leaving)),
     )
 
 
@@ -108,8 +127,6 @@ def _reset_statement(tree: Tree, call: cst.Call) -> cst.BaseStatement | None:
             owner = tree.parent.get(owner)
         if owner is None or _assigned(tree, owner) & _read_after(tree, func, owner):
             break
-        if _leaves(tree, owner):  # rank 0 alone would exit, the others wait at the barrier
-            break
         statement = owner
     return statement
 
@@ -120,7 +137,7 @@ def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
         return False
     if any(tree.inside(c, statement) for c in backward_calls(tree)):
         return False
-    if _leaves(tree, statement) or not _every_rank_reaches(tree, func, statement):
+    if not _every_rank_reaches(tree, func, statement):
         return False
     return _called_on_every_rank(tree, func)
 
@@ -128,11 +145,14 @@ def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
 EXITS = ("sys.exit", "exit", "quit", "os._exit")
 
 
-def _leaves(tree: Tree, statement: cst.BaseStatement) -> bool:
-    """`statement` may leave its function or the program: a return, a raise, an exit."""
-    if any(True for _ in tree.within(statement, (cst.Return, cst.Raise))):
-        return True
-    return any(tree.qualify(c.func) in EXITS for c in tree.within(statement, cst.Call))
+def _leaving_node(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
+    """Where `statement` may leave its function or the program: a return, a raise, an exit."""
+    for node in tree.within(statement, (cst.Return, cst.Raise)):
+        return node
+    for call in tree.within(statement, cst.Call):
+        if tree.qualify(call.func) in EXITS:
+            return call
+    return None
 
 
 def _every_rank_reaches(tree: Tree, func: cst.FunctionDef, statement: cst.BaseStatement) -> bool:
