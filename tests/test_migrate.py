@@ -627,3 +627,40 @@ def test_a_lazy_torch_import_beside_a_module_level_one_is_no_reason_to_refuse():
     text += "\n\ndef export():\n    import torch.onnx\n"
     result = migrate_source(text)
     assert result.migrated, result.reason
+
+
+CPU_BATCH_NORM = (
+    "import torch\n"
+    "import torch.nn as nn\n"
+    "from torch.utils.data import DataLoader, TensorDataset\n\n"
+    "model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+    "loader = DataLoader(data, batch_size=16, shuffle=True)\n"
+    "for epoch in range(2):\n"
+    "    for x, y in loader:\n"
+    "        opt.zero_grad()\n"
+    "        nn.functional.mse_loss(model(x), y).backward()\n"
+    "        opt.step()\n"
+)
+
+
+def _per_rank_statistics_notes(text: str) -> list[str]:
+    result = migrate_source(text)
+    assert result.migrated, result.reason
+    return [h.why for h in result.needs_human if "share of the batch" in h.why]
+
+
+def test_batch_norm_on_the_cpu_is_reported_as_per_rank_statistics():
+    # SyncBatchNorm needs CUDA: on the CPU the statistics change with the rank's share.
+    assert len(_per_rank_statistics_notes(CPU_BATCH_NORM)) == 1
+
+
+def test_batch_norm_on_gpus_gets_the_conversion_not_the_note():
+    text = CPU_BATCH_NORM.replace("nn.Linear(8, 1))\n", "nn.Linear(8, 1)).cuda()\n", 1)
+    assert "convert_sync_batchnorm" in migrate_source(text).output
+    assert _per_rank_statistics_notes(text) == []
+
+
+def test_no_batch_norm_no_note():
+    assert _per_rank_statistics_notes(CPU_BATCH_NORM.replace("nn.BatchNorm1d(8), ", "")) == []

@@ -119,6 +119,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
     _through_module(tree, plan, edits, wrapped)
     if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
         _received_from_other_modules(tree, plan, edits)
+    if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
+        _note_batch_norm_on_cpu(tree, plan)
     return edits
 
 
@@ -143,12 +145,34 @@ def _returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set)
     return kept
 
 
+def _note_batch_norm_on_cpu(tree: Tree, plan: Plan) -> None:
+    """A script that stays on the CPU gets no SyncBatchNorm (it needs CUDA), so its
+    BatchNorm layers now normalise with each rank's share of the batch: say so."""
+    if not plan.options.sync_bn or runs_on_cuda(tree) or not _has_batch_norm(tree):
+        return
+    if "convert_sync_batchnorm" in tree.module.code:
+        return
+    plan.needs_human(
+        "BatchNorm layers now normalise with each rank's share of the batch, not the whole "
+        "batch as before, so the numbers differ from the original's: SyncBatchNorm needs "
+        "CUDA and this script keeps its tensors on the CPU; run on GPUs (migrate adds the "
+        "conversion there) or accept per-rank statistics (DDP030)",
+        None,
+    )
+
+
+def _has_batch_norm(tree: Tree) -> bool:
+    # The model's layers may live in another module of the project (models/, layers/).
+    return any(
+        t.find(cst.Name, lambda name: "BatchNorm" in name.value)
+        for t in getattr(tree.view, "trees", [tree])
+    )
+
+
 def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
-    # The model's layers may live in another module of the project (models/, layers/).
-    codes = [t.module.code for t in getattr(tree.view, "trees", [tree])]
-    return any("BatchNorm" in c for c in codes) and "convert_sync_batchnorm" not in tree.module.code
+    return _has_batch_norm(tree) and "convert_sync_batchnorm" not in tree.module.code
 
 
 def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
