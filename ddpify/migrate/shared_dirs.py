@@ -30,6 +30,7 @@ from ddpify.migrate.edits import Edits
 NAME = "folders"
 REMOVE = ("shutil.rmtree",)
 MAKE = ("os.makedirs", "os.mkdir")
+EXITS = ("sys.exit", "exit", "quit", "os._exit")
 
 
 def run(tree: Tree, plan: Plan) -> Edits:
@@ -69,8 +70,8 @@ def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
         "every rank removes or makes this folder, and they race (one rank removes what "
         "another made, or makedirs fails on the second); ddpify did not move it under "
         "rank 0 because not every rank would then reach the barrier after it (it is under "
-        "a test of the folder, in a loop, or next to an exit); run it on rank 0 and call "
-        "dist.barrier() where every rank passes",
+        "a test of the folder, or in a loop); run it on rank 0 and call dist.barrier() "
+        "where every rank passes",
         tree.code(tree.statement(call)),
     )
 
@@ -140,9 +141,6 @@ def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
     if not _every_rank_reaches(tree, func, statement):
         return False
     return _called_on_every_rank(tree, func)
-
-
-EXITS = ("sys.exit", "exit", "quit", "os._exit")
 
 
 def _leaving_node(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
