@@ -174,6 +174,7 @@ def _child(run, log_path, probe_main):
     sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")]
     sys.argv += [run["script"], *run["argv"]]
     code = 0
+    pin_distributed_objects()
     try:
         code = probe_main()
     except SystemExit as exc:
@@ -184,6 +185,32 @@ def _child(run, log_path, probe_main):
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def pin_distributed_objects():
+    """Keep every DDP wrapper and process group a forked run makes alive until its
+    os._exit. Their destructors, run when the script's last frame returns, sometimes
+    deadlock in a forked child (a gloo or reducer thread left waiting; seen as a run that
+    logged its last epoch, then hung at the line returning from `main()`). A process that
+    ends with os._exit needs no teardown. Call in the child, before the script runs."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel
+
+    pinned = []
+    init, destroy = DistributedDataParallel.__init__, c10d.destroy_process_group
+
+    def init_pinned(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        pinned.append(self)
+
+    def destroy_pinned(group=None):
+        pinned.append(group if group is not None else c10d.GroupMember.WORLD)
+        return destroy(group)
+
+    DistributedDataParallel.__init__ = init_pinned
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_pinned
+    return pinned
 
 
 def warm_up():
