@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from ddpify.analysis.accumulation import Phase, phase_of, synced_phase
+from ddpify.analysis.accumulation import Phase, nested_backward, phase_of, synced_phase
 from ddpify.analysis.training import collect_loops
 
 
@@ -47,3 +47,76 @@ def test_synced_phase_is_where_no_sync_is_left_off() -> None:
         Phase("i", 1, "accum", True),
         None,  # no test chooses it
     ]
+
+
+def _nested(source: str) -> str | None:
+    """The backward `nested_backward` finds in the first statement of the module's loop."""
+    loop = cst.parse_module(source).body[0]
+    assert isinstance(loop, (cst.For, cst.While))
+    for statement in loop.body.body:
+        call = nested_backward(statement, loop)
+        if call is not None:
+            return cst.Module([]).code_for_node(call)
+    return None
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # A rollout over time steps; the backward on chosen steps only.
+        (
+            "for steps in range(n):\n"
+            "    for t in range(1, k + 1):\n"
+            "        if t in self.backprop_on_timestep:\n"
+            "            scaler.scale(loss).backward()\n",
+            "scaler.scale(loss).backward()",
+        ),
+        # The chunks of a batch, under autocast and a try.
+        (
+            "for i, batch in enumerate(loader):\n"
+            "    while chunks:\n"
+            "        try:\n"
+            "            with autocast():\n"
+            "                model(chunks.pop()).sum().backward()\n"
+            "        finally:\n"
+            "            pass\n",
+            "model(chunks.pop()).sum().backward()",
+        ),
+        # Directly in the body: not nested (the plain case reads it).
+        ("for i, batch in enumerate(loader):\n    loss.backward()\n", None),
+        # Under a test on something the outer loop changes: it may not run every time.
+        (
+            "for i, batch in enumerate(loader):\n"
+            "    ok = batch is not None\n"
+            "    for x in batch:\n"
+            "        if ok:\n"
+            "            loss.backward()\n",
+            None,
+        ),
+        # Under a test on the outer loop's own counter, or on the accumulation window.
+        (
+            "for i, batch in enumerate(loader):\n"
+            "    for x in batch:\n"
+            "        if i > 10:\n"
+            "            loss.backward()\n",
+            None,
+        ),
+        (
+            "for i, batch in enumerate(loader):\n"
+            "    for x in batch:\n"
+            "        if (n + 1) % accum_steps == 0:\n"
+            "            loss.backward()\n",
+            None,
+        ),
+        # In a function defined in the loop: runs at another time.
+        (
+            "for i, batch in enumerate(loader):\n"
+            "    for x in batch:\n"
+            "        def closure():\n"
+            "            loss.backward()\n",
+            None,
+        ),
+    ],
+)
+def test_nested_backward(source: str, expected: str | None) -> None:
+    assert _nested(source) == expected

@@ -312,6 +312,60 @@ def test_a_trainer_in_a_project_that_never_wraps_in_ddp_is_quiet(tmp_path):
     assert _accumulation_findings(tmp_path, "torch.nn.Linear(2, 2)") == []
 
 
+# The optimizer steps in the batch loop; the backward runs in a rollout loop inside it.
+ROLLOUT_TRAINER = """\
+import torch.distributed as dist
+
+
+class RolloutTrainer:
+    def __init__(self, model, optimizer, conf):
+        self.model = model
+        self.optimizer = optimizer
+        self.grad_accum_every = conf["grad_accum_every"]
+        self.forecast_len = conf["forecast_len"]
+
+    def train_one_epoch(self, loader, batches_per_epoch):
+        batches = iter(loader)
+        for steps in range(batches_per_epoch):
+{control}
+            for t in range(1, self.forecast_len + 1):
+                x, y = next(batches)
+                loss = self.model(x).sub(y).pow(2).mean()
+                loss.backward()
+            if (steps + 1) % self.grad_accum_every == 0 or steps == batches_per_epoch - 1:
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+        dist.barrier()
+"""
+NO_CONTROL = "            pass"
+# The fix real trainers apply: the flag `no_sync` toggles, set on the window's boundary.
+SYNC_FLAG = (
+    "            boundary = (steps + 1) % self.grad_accum_every == 0\n"
+    "            self.model.require_backward_grad_sync = boundary"
+)
+
+
+def _rollout_findings(tmp_path: Path, control: str) -> list[str]:
+    (tmp_path / "trainer.py").write_text(ROLLOUT_TRAINER.format(control=control))
+    (tmp_path / "launch.py").write_text(
+        LAUNCH.replace("Trainer", "RolloutTrainer").format(
+            model="DistributedDataParallel(torch.nn.Linear(2, 2))"
+        )
+    )
+    report = check_paths([str(tmp_path / "trainer.py")], select_rules(["DDP040"]))
+    return [f"{d.location.row} {d.severity.value} {d.message}" for d in report.diagnostics]
+
+
+def test_a_rollout_trainer_whose_model_another_module_wraps_is_told_at_info(tmp_path):
+    [finding] = _rollout_findings(tmp_path, NO_CONTROL)
+    assert finding.startswith("18 info `loss.backward()` runs on every micro-step")
+    assert "`(steps + 1) % self.grad_accum_every == 0 or steps" in finding
+
+
+def test_a_rollout_trainer_that_sets_require_backward_grad_sync_is_quiet(tmp_path):
+    assert _rollout_findings(tmp_path, SYNC_FLAG) == []
+
+
 # -- guards judged by their body, wherever they are defined --------------------------------
 
 PRIMARY = """\

@@ -15,8 +15,15 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.model import ScriptModel
-from ddpify.analysis.names import dotted
-from ddpify.analysis.training import _ACCUMULATION, is_optimizer_step, own_nodes
+from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.training import (
+    _ACCUMULATION,
+    accumulation_test,
+    is_optimizer_step,
+    names_of,
+    own_nodes,
+)
+from ddpify.walk import children
 
 
 @dataclass(frozen=True)
@@ -160,3 +167,76 @@ def _all_nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
         yield node
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             yield from _all_nodes(node)
+
+
+# -- a backward in a loop nested in the accumulation loop -------------------------------
+
+
+def nested_backward(statement: cst.CSTNode, outer: cst.For | cst.While) -> cst.Call | None:
+    """The `.backward()` that `statement`, one statement of `outer`'s body, runs from a
+    loop of its own (a rollout over time steps, the chunks of a batch) on every
+    iteration of `outer`; None when there is none.
+
+    The call may sit under `if`s, but only under tests that read nothing `outer`
+    changes between iterations, apart from the inner loops' own targets (`if t in
+    backprop_steps:`): whether it runs then cannot depend on the outer iteration. A
+    test on the accumulation window itself, or on anything else assigned in the outer
+    body, makes the call conditional in a way this cannot judge: None.
+    """
+    changing = assigned_names(outer.body)
+    if isinstance(outer, cst.For):
+        changing |= _target_names(outer.target)
+    return _backward_below(statement, frozenset(changing), frozenset(), in_loop=False)
+
+
+def _backward_below(
+    node: cst.CSTNode, changing: frozenset[str], counters: frozenset[str], in_loop: bool
+) -> cst.Call | None:
+    if isinstance(node, cst.Call) and method_name(node) == "backward":
+        return node if in_loop else None
+    if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        return None  # runs at another time
+    if isinstance(node, (cst.For, cst.While)):
+        if isinstance(node, cst.For):
+            counters = counters | _target_names(node.target)
+        return _backward_below(node.body, changing, counters, in_loop=True)
+    if isinstance(node, cst.Try):
+        return _backward_below(node.body, changing, counters, in_loop)
+    if isinstance(node, cst.If):
+        if accumulation_test(node.test) or names_of(node.test) & (changing - counters):
+            return None
+        for branch in (node.body, node.orelse):
+            found = None if branch is None else _backward_below(branch, changing, counters, in_loop)
+            if found is not None:
+                return found
+        return None
+    for child in children(node):
+        found = _backward_below(child, changing, counters, in_loop)
+        if found is not None:
+            return found
+    return None
+
+
+def assigned_names(root: cst.CSTNode) -> set[str]:
+    """The dotted names `root` assigns: `x = ...`, `self.x += ...`, `for x, y in`,
+    `(x := ...)`, `d["k"] = ...` (which changes `d`). Not their heads: assigning
+    `self.x` leaves `self.y` alone."""
+    found: set[str] = set()
+    for node in own_nodes(root):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                found |= _target_names(target.target)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For)):
+            found |= _target_names(node.target)
+    return found
+
+
+def _target_names(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {name for element in target.elements for name in _target_names(element.value)}
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    if isinstance(target, cst.Subscript):
+        return _target_names(target.value)
+    name = dotted(target)
+    return {name} if name is not None else set()

@@ -2,7 +2,9 @@
 
 The pattern: a loop whose body runs a backward on every iteration and steps the
 optimizer only under an accumulation test (`if (i + 1) % accum == 0:`), with the
-DDP wrapper's forward in the loop and no `no_sync` anywhere in the file. A `no_sync`
+DDP wrapper's forward in the loop and no `no_sync` anywhere in the file. The backward
+may run in a loop of its own inside that body (a rollout over time steps): the step
+is then in the enclosing loop. A `no_sync`
 block around the backward alone (the forward ran before it) is reported too: DDP
 decides in the forward whether the next backward synchronises.
 """
@@ -14,7 +16,13 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis.accumulation import Phase, counted_by_hand, step_phases, synced_phase
+from ddpify.analysis.accumulation import (
+    Phase,
+    counted_by_hand,
+    nested_backward,
+    step_phases,
+    synced_phase,
+)
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.training import (
     DDP,
@@ -45,7 +53,8 @@ class _Accumulation:
     backward: cst.Call
     backward_index: int  # the body statement holding the backward
     step_if: cst.If  # the `if <accumulation test>:` that steps the optimizer
-    forward_index: int | None  # the first body statement that uses the wrapper
+    forward_index: int | None  # the first body statement that uses the wrapper (None:
+    # no fix; the backward is in a nested loop)
 
 
 class AccumulationWithoutNoSync(LoopRule):
@@ -83,16 +92,48 @@ class AccumulationWithoutNoSync(LoopRule):
         if not wrappers and not imports_ddp:
             return
         # A loop body, or a `train_step` function called once per micro-step.
+        reported: set[int] = set()
         for unit in self.loops.units_with_backward():
             if self.loops.no_sync_near(unit):
                 if wrappers and not isinstance(unit.node, cst.FunctionDef):
                     self._check_partial(unit, wrappers)
                 continue
-            found = _accumulation(model, unit, wrappers)
-            if found is not None:
+            found = self._accumulation_around(unit, wrappers)
+            if found is None and imports_ddp:
+                found = self._accumulation_around(unit, {"<any>"}, any_model=True)
+                if found is not None and id(found.loop.node) not in reported:
+                    self._report_unknown_wrapper(found)
+            elif found is not None and id(found.loop.node) not in reported:
                 self._report(found)
-            elif imports_ddp:
-                self._report_unknown_wrapper(model, unit)
+            if found is not None:
+                reported.add(id(found.loop.node))
+
+    def _accumulation_around(
+        self, unit: Located, wrappers: set[str], any_model: bool = False
+    ) -> _Accumulation | None:
+        """The accumulation pattern in the unit holding a backward, else in a loop around
+        it within the same function: the loop that steps the optimizer may enclose the
+        one that runs the backward (a rollout over time steps per batch)."""
+        model = self.context.model
+        found = _accumulation(model, unit, wrappers, any_model)
+        if found is not None or isinstance(unit.node, cst.FunctionDef):
+            return found
+        for outer in self._enclosing_loops(unit):
+            found = _accumulation(model, outer, wrappers, any_model)
+            if found is not None:
+                return found
+        return None
+
+    def _enclosing_loops(self, unit: Located) -> list[Located]:
+        """The loops around `unit`'s loop, innermost first, up to its function."""
+        loops = {id(loop.node): loop for loop in self.loops.loops}
+        found = []
+        for node in reversed(unit.ancestors[:-1]):
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                break
+            if id(node) in loops:
+                found.append(loops[id(node)])
+        return found
 
     def _wrapped_in_another_module(self) -> bool:
         """A distributed module (a trainer) whose model arrives from elsewhere, in a project
@@ -104,16 +145,13 @@ class AccumulationWithoutNoSync(LoopRule):
         units = [
             unit for unit in self.loops.units_with_backward() if not self.loops.no_sync_near(unit)
         ]
-        if not any(_accumulation(model, u, {"<any>"}, any_model=True) for u in units):
+        if not any(self._accumulation_around(u, {"<any>"}, any_model=True) for u in units):
             return False
         return bool(self.context.ddp_wrapping_modules())
 
-    def _report_unknown_wrapper(self, model, unit: Located) -> None:
+    def _report_unknown_wrapper(self, found: _Accumulation) -> None:
         """The model is wrapped elsewhere (it arrives as an argument or attribute):
         the same pattern, at info level, since it may not be DDP at all."""
-        found = _accumulation(model, unit, {"<any>"}, any_model=True)
-        if found is None:
-            return
         backward = self.context.code(found.backward.func).removesuffix(".backward")
         test = self.context.code(found.step_if.test)
         message = (
@@ -272,6 +310,9 @@ def _accumulation(
         return None
     body = list(node.body.body)
     backward = _backward_in(body)
+    nested = backward is None and isinstance(node, (cst.For, cst.While))
+    if nested:
+        backward = _nested_backward_in(body, node)
     if backward is None:
         return None
     index, call = backward
@@ -285,7 +326,19 @@ def _accumulation(
     if wrapper is None:
         return None
     forward = next((i for i, s in enumerate(body[: index + 1]) if wrapper in names_of(s)), None)
-    return _Accumulation(loop, body, wrapper, call, index, step_if, forward)
+    return _Accumulation(loop, body, wrapper, call, index, step_if, None if nested else forward)
+
+
+def _nested_backward_in(
+    body: list[cst.BaseStatement], loop: cst.For | cst.While
+) -> tuple[int, cst.Call] | None:
+    """The body statement (and the call) running `.backward()` from a loop nested in it
+    on every iteration of `loop` (see `nested_backward`)."""
+    for index, statement in enumerate(body):
+        call = nested_backward(statement, loop)
+        if call is not None:
+            return index, call
+    return None
 
 
 def _backward_in(body: list[cst.BaseStatement]) -> tuple[int, cst.Call] | None:
