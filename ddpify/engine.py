@@ -91,6 +91,11 @@ class Context:
         a helper module's code run on every rank (empty for a script nobody imports)."""
         return self.local.distributed_importers()
 
+    def importing_modules(self) -> list[tuple[Path, cst.Module, ImportMap]]:
+        """The modules of the project that import this file, parsed: where the calls of
+        its functions are (recorded as dependencies of the result)."""
+        return self.local.importing_modules()
+
     def ddp_wrapping_modules(self) -> list[Path]:
         """Other modules of the project that wrap a model in DistributedDataParallel."""
         return self.local.ddp_wrapping_modules()

@@ -425,3 +425,105 @@ def test_a_guard_helper_of_the_same_file_is_judged_by_its_body(tmp_path):
     own = "def check_primary():\n    return dist.get_rank() == 0\n"
     train.write_text(SAVE_UNDER.format(imports=own, test="check_primary()"))
     assert _findings(train) == []
+
+
+# -- DDP023: a loader factory seeds its sampler with what the caller put in `flags` -------
+
+LOADERS = """\
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def get_data_loaders(flags, num_shards, global_rank):
+    dataset = list(range(64))
+    sampler = DistributedSampler(dataset, seed=flags.{attribute}, drop_last=True)
+    return DataLoader(dataset, batch_size=flags.batch_size, sampler=sampler)
+
+
+def build_loader(dataset, batch_size, seed):
+    return DataLoader(dataset, batch_size, sampler=DistributedSampler(dataset, seed=seed))
+"""
+
+MAIN = """\
+import argparse
+import random
+
+import torch.distributed as dist
+
+from data_loading.loaders import build_loader, get_data_loaders
+
+
+def setup_seeds(master_seed, world_size):
+    rng = random.Random(master_seed)
+    return [rng.randint(0, 2**31) for _ in range(world_size)], [rng.randint(0, 2**31)]
+
+
+def main():
+    flags = argparse.ArgumentParser().parse_args()
+    dist.init_process_group("gloo")
+    local_rank = dist.get_rank()
+    worker_seeds, shuffling_seeds = setup_seeds(flags.seed, dist.get_world_size())
+    worker_seed = worker_seeds[local_rank]
+{body}
+"""
+
+
+def _seed_findings(tmp_path: Path, body: str, attribute: str = "seed", cache=None) -> list[str]:
+    (tmp_path / "data_loading").mkdir(exist_ok=True)
+    (tmp_path / "data_loading" / "loaders.py").write_text(LOADERS.format(attribute=attribute))
+    (tmp_path / "main.py").write_text(MAIN.format(body=body))
+    path = tmp_path / "data_loading" / "loaders.py"
+    report = check_paths([str(path)], select_rules(["DDP023"]), cache_dir=cache)
+    return [f"{d.location.row} {d.severity.value} {d.message}" for d in report.diagnostics]
+
+
+PER_RANK_FLAGS = (
+    "    flags.seed = worker_seed\n"
+    "    loaders = get_data_loaders(flags, dist.get_world_size(), local_rank)"
+)
+
+
+def test_a_seed_the_caller_sets_per_rank_is_reported_in_the_loader_module(tmp_path):
+    [finding] = _seed_findings(tmp_path, PER_RANK_FLAGS)
+    assert finding.startswith(
+        "6 warning `seed=flags.seed` comes from the callers of `get_data_loaders()`: "
+        "main.py sets `flags.seed = worker_seed` before calling it, which depends on the rank"
+    )
+
+
+def test_a_shuffling_seed_shared_by_every_rank_is_quiet(tmp_path):
+    body = (
+        "    flags.seed = worker_seed\n"
+        "    flags.shuffling_seed = shuffling_seeds[0]\n"
+        "    loaders = get_data_loaders(flags, dist.get_world_size(), local_rank)"
+    )
+    assert _seed_findings(tmp_path, body, attribute="shuffling_seed") == []
+
+
+def test_a_per_rank_seed_set_only_after_the_call_is_quiet(tmp_path):
+    body = (
+        "    loaders = get_data_loaders(flags, dist.get_world_size(), local_rank)\n"
+        "    flags.seed = worker_seed"
+    )
+    assert _seed_findings(tmp_path, body) == []
+
+
+def test_a_seed_argument_computed_from_the_rank_is_reported(tmp_path):
+    body = "    loader = build_loader(list(range(8)), 4, seed=flags.seed + local_rank)"
+    [finding] = _seed_findings(tmp_path, body)
+    assert finding.startswith(
+        "11 warning `seed=seed` comes from the callers of `build_loader()`: main.py passes "
+        "`seed=flags.seed + local_rank`, which depends on the rank"
+    )
+
+
+def test_a_seed_argument_shared_by_every_rank_is_quiet(tmp_path):
+    body = "    loader = build_loader(list(range(8)), 4, flags.seed)"
+    assert _seed_findings(tmp_path, body) == []
+
+
+def test_the_cache_notices_a_change_in_the_caller(tmp_path):
+    cache = tmp_path / ".cache"
+    assert len(_seed_findings(tmp_path, PER_RANK_FLAGS, cache=cache)) == 1
+    assert len(_seed_findings(tmp_path, PER_RANK_FLAGS, cache=cache)) == 1
+    shared = PER_RANK_FLAGS.replace("= worker_seed", "= shuffling_seeds[0]")
+    assert _seed_findings(tmp_path, shared, cache=cache) == []

@@ -480,6 +480,22 @@ class LocalFunctions:
             self.used[str(path)] = digest
         return [path for path, _ in found]
 
+    def importing_modules(self) -> list[tuple[Path, cst.Module, ImportMap]]:
+        """The parsed modules of the project that import the checked file, distributed
+        or not (see `importers`): where its functions' call sites are. Each is recorded
+        as a dependency of the result."""
+        if self.file is None:
+            return []
+        found = []
+        for path, digest in importers(self.file):
+            parsed = self._parse(path)
+            if parsed is None:
+                continue
+            module, imports, _ = parsed
+            self.used[str(path)] = digest
+            found.append((path, module, imports))
+        return found
+
     def _candidates(self, module_name: str) -> list[Path]:
         """The files that may define names of `module_name`, the most specific first."""
         assert self.file is not None
@@ -551,6 +567,64 @@ def distributed_importers(path: Path) -> list[tuple[Path, str]]:
         if path in imported:
             found.append((other, digest))
     return found
+
+
+def importers(path: Path) -> list[tuple[Path, str]]:
+    """(path, sha256) of every module of `path`'s project that imports `path`, whether it
+    looks distributed or not: an entry script that only calls helpers (`init_distributed()`,
+    `get_rank()`) names none of the words `distributed_importers` looks for. Asked only
+    by a rule with a candidate finding that hangs on what a caller passes; scans at most
+    MAX_SCANNED_FILES files (each read once while unchanged)."""
+    path = path.resolve()
+    root = _importers_root(path)
+    stem = path.parent.name if path.name == "__init__.py" else path.stem
+    found = []
+    for index, other in enumerate(_python_files(root)):
+        if index >= MAX_SCANNED_FILES:
+            break
+        other = other.resolve()
+        read = _read_text(other)
+        if other == path or read is None or stem not in read[0]:
+            continue
+        text, digest = read
+        if path in (found_path for found_path, _ in local_imports(other, text, [other], root)):
+            found.append((other, digest))
+    return found
+
+
+def _importers_root(path: Path) -> Path:
+    """Where `path`'s importers may be: the repository or package root `_common_root`
+    finds, else the folder above `path`'s package (its folders with an `__init__.py`,
+    or its own folder). A module is usually imported from there (`main.py` beside
+    `data_loading/` imports `data_loading.data_loader`), and a checkout without a marker
+    file would otherwise end the search inside the package."""
+    root = _common_root([path])
+    if root != path.parent:
+        return root
+    top = path.parent
+    while (top / "__init__.py").exists() and top.parent != top:
+        top = top.parent
+    return top if top != path.parent else top.parent
+
+
+# (path, mtime, size) -> (text, digest) of any Python file `importers` read.
+_texts: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
+
+
+def _read_text(path: Path) -> tuple[str, str] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    key = (path, info.st_mtime_ns, info.st_size)
+    if key not in _texts:
+        try:
+            data = read_bounded(path)
+        except SourceError:
+            _texts[key] = None
+        else:
+            _texts[key] = (data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest())
+    return _texts[key]
 
 
 # `DistributedDataParallel(` in code (not in a comment): the project wraps a model itself.

@@ -1,9 +1,19 @@
-"""DDP023: a DistributedSampler seeded differently on each rank."""
+"""DDP023: a DistributedSampler seeded differently on each rank.
+
+In this file, or, for a loader factory seeded from its parameter (`seed=flags.seed` in
+`def get_data_loaders(flags, ...)`), in the modules that call it: what they assign to
+`flags.seed` before the call."""
 
 from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.call_sites import (
+    ParameterUse,
+    PerProcessValue,
+    parameter_use,
+    per_process_values,
+)
 from ddpify.analysis.loaders import (
     DISTRIBUTED_SAMPLER,
     project_samplers,
@@ -42,7 +52,30 @@ class DivergentSamplerSeed(Rule):
                     _message(self.context.code(seed.value), source),
                     fix=self._fix(seed),
                 )
+            else:
+                self._check_callers(call, seed)
         self._check_project_samplers()
+
+    def _check_callers(self, call: cst.Call, seed: cst.Arg) -> None:
+        """`seed=flags.seed` in a function of this module that takes `flags`: the seed is
+        what the callers, in the modules importing this one, put there. Reported when one
+        of them assigns it a per-rank value before the call (`flags.seed = worker_seed`,
+        `worker_seed = worker_seeds[local_rank]`); silent when they assign nothing."""
+        model = self.context.model
+        use = parameter_use(self.context.module, call, seed.value)
+        if use is None or self.context.local.file is None:
+            return
+        written = f"{use.parameter}.{use.attribute}" if use.attribute else use.parameter
+        if model.bindings.get(written) or model.bindings.get(use.parameter):
+            return  # this module sets it itself somewhere: which value reaches here is unclear
+        importers = self.context.importing_modules()
+        found = next(per_process_values(use, self.context.local.file, importers), None)
+        if found is not None:
+            self.report(
+                seed,
+                _caller_message(self.context.code(seed.value), use, found),
+                severity=Severity.WARNING,  # read through a call site in another module
+            )
 
     def _check_project_samplers(self) -> None:
         """A sampler class of the project's own that is told the world size (so it splits
@@ -106,6 +139,20 @@ def _project_message(sampler: str, seed: cst.Arg, source: str, shown: str) -> st
         "data between the ranks: each rank orders the data its own way before taking its "
         "share, so the shares overlap and some samples are never seen; seed it alike on "
         "every rank"
+    )
+
+
+def _caller_message(seed: str, use: ParameterUse, found: PerProcessValue) -> str:
+    function = use.function.name.value
+    if use.attribute is not None:
+        passed = f"sets `{found.shown}` before calling it"
+    else:
+        passed = f"passes `{found.shown}`"
+    return (
+        f"`seed={seed}` comes from the callers of `{function}()`: {found.path.name} {passed}, "
+        f"which depends on {found.source}, so each rank shuffles with its own permutation: "
+        "the shards overlap and some samples are never seen; give the sampler a seed "
+        "shared by every rank"
     )
 
 

@@ -1,0 +1,185 @@
+"""What the callers of a helper module's function give it, read in the modules that
+import it: a loader factory `get_data_loaders(flags, ...)` that seeds its sampler with
+`flags.seed` is as right as the `flags.seed` its caller set.
+
+Only plain cases are read: a module-level function, a parameter used as is (`seed`) or
+through one attribute (`flags.seed`), a call written with the function's imported name.
+For an attribute, what counts is the caller's last assignment to it before the call,
+in the function that makes the call; with no such assignment nothing is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from ddpify.analysis.model import ScriptModel
+from ddpify.analysis.names import ImportMap, dotted, find_arg
+from ddpify.analysis.training import parameter_index
+from ddpify.analysis.values import per_process_source
+from ddpify.walk import children, walk
+
+
+@dataclass(frozen=True)
+class ParameterUse:
+    """`flags.seed` in `def get_data_loaders(flags, ...)`: parameter `flags`, attribute
+    `seed`; `seed` alone: attribute None."""
+
+    function: cst.FunctionDef
+    parameter: str
+    attribute: str | None
+
+
+@dataclass(frozen=True)
+class PerProcessValue:
+    """A call site that gives the parameter a value differing between processes."""
+
+    path: Path  # the calling module
+    call: cst.Call
+    shown: str  # what the caller wrote: `flags.seed = worker_seed`, `seed=args.seed + rank`
+    source: str  # why it differs: "the rank", "the clock", "the process id"
+
+
+def parameter_use(
+    module: cst.Module, node: cst.CSTNode, expr: cst.BaseExpression
+) -> ParameterUse | None:
+    """`expr` (inside `node`) read from a parameter of the module-level function holding
+    `node`: `flags.seed`, `seed`. None for anything else, or when the function holds no
+    such parameter."""
+    name = dotted(expr)
+    if name is None:
+        return None
+    parameter, _, attribute = name.partition(".")
+    if "." in attribute:
+        return None
+    function = _top_level_function_holding(module, node)
+    if function is None or not parameter_index(function, parameter)[1]:
+        return None
+    return ParameterUse(function, parameter, attribute or None)
+
+
+def per_process_values(
+    use: ParameterUse, helper: Path, importers: Sequence[tuple[Path, cst.Module, ImportMap]]
+) -> Iterator[PerProcessValue]:
+    """The calls of `use.function`, in the modules that import `helper`, that give its
+    parameter (or the parameter's attribute) a value that differs between processes."""
+    stem = helper.parent.name if helper.name == "__init__.py" else helper.stem
+    name = use.function.name.value
+    position = parameter_index(use.function, use.parameter)[0]
+    for path, module, imports in importers:
+        model: ScriptModel | None = None
+        for call, scope in _calls(module, imports, f"{stem}.{name}"):
+            arg = find_arg(call, use.parameter, position)
+            if arg is None or arg.star:
+                continue
+            if model is None:
+                model = _model_of(module)
+            found = _passed(use, module, arg, call, scope, model)
+            if found is not None:
+                shown, source = found
+                yield PerProcessValue(path, call, shown, source)
+
+
+def _passed(
+    use: ParameterUse,
+    module: cst.Module,
+    arg: cst.Arg,
+    call: cst.Call,
+    scope: cst.CSTNode,
+    model: ScriptModel,
+) -> tuple[str, str] | None:
+    """(what the caller wrote, why it differs per process) for one call site."""
+    if use.attribute is None:
+        source = per_process_source(arg.value, model.imports, model.bindings)
+        shown = module.code_for_node(arg).strip().rstrip(",")
+        return (shown, source) if source is not None else None
+    target = dotted(arg.value)
+    if target is None:
+        return None
+    assignment = _last_assignment_before(scope, f"{target}.{use.attribute}", call)
+    if assignment is None:
+        return None
+    source = per_process_source(assignment.value, model.imports, model.bindings)
+    if source is None:
+        return None
+    return module.code_for_node(assignment).strip(), source
+
+
+def _calls(
+    module: cst.Module, imports: ImportMap, suffix: str
+) -> Iterator[tuple[cst.Call, cst.CSTNode]]:
+    """Calls whose imported name ends with `<helper module>.<function>`, each with the
+    function (or the module) that makes it."""
+    scopes: list[cst.CSTNode] = [module]
+    found: list[tuple[cst.Call, cst.CSTNode]] = []
+
+    def enter(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.FunctionDef):
+            scopes.append(node)
+        elif isinstance(node, cst.Call):
+            qualified = imports.qualify_local(node.func) or ""
+            if qualified == suffix or qualified.endswith(f".{suffix}"):
+                found.append((node, scopes[-1]))
+
+    def leave(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.FunctionDef):
+            scopes.pop()
+
+    walk(module, enter, leave)
+    yield from found
+
+
+def _last_assignment_before(
+    scope: cst.CSTNode, target: str, call: cst.Call
+) -> cst.Assign | cst.AugAssign | None:
+    """The last `target = ...` / `target += ...` of `scope`'s own code that comes before
+    `call` in the source, leaving out one that holds the call (`flags.seed = f(flags)`
+    assigns after the call ran)."""
+    assignments: list[cst.Assign | cst.AugAssign] = []
+    for node in _own_preorder(scope):
+        if node is call:
+            before = [a for a in assignments if not _holds(a, call)]
+            return before[-1] if before else None
+        if isinstance(node, cst.Assign) and any(dotted(t.target) == target for t in node.targets):
+            assignments.append(node)
+        elif isinstance(node, cst.AugAssign) and dotted(node.target) == target:
+            assignments.append(node)
+    return None
+
+
+def _own_preorder(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`root`'s nodes in source order, without nested functions and classes."""
+    stack = list(reversed(list(children(root))))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(reversed(list(children(node))))
+
+
+def _top_level_function_holding(module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef) and _holds(statement, node):
+            return statement
+    return None
+
+
+def _holds(root: cst.CSTNode, node: cst.CSTNode) -> bool:
+    stack = [root]
+    while stack:
+        current = stack.pop()
+        if current is node:
+            return True
+        stack.extend(children(current))
+    return False
+
+
+def _model_of(module: cst.Module) -> ScriptModel:
+    """The bindings and imports of a calling module (read by `per_process_source`), in a
+    model of its own: the parsed module's import map is shared and stays as it is."""
+    model = ScriptModel(ImportMap())
+    walk(module, model.visit, lambda node: None)
+    return model
