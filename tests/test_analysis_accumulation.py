@@ -5,7 +5,13 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from ddpify.analysis.accumulation import Phase, nested_backward, phase_of, synced_phase
+from ddpify.analysis.accumulation import (
+    Phase,
+    flag_synced_phase,
+    nested_backward,
+    phase_of,
+    synced_phase,
+)
 from ddpify.analysis.training import collect_loops
 
 
@@ -120,3 +126,19 @@ def _nested(source: str) -> str | None:
 )
 def test_nested_backward(source: str, expected: str | None) -> None:
     assert _nested(source) == expected
+
+
+def test_the_sync_flag_all_reduces_where_its_test_holds() -> None:
+    source = (
+        "model.require_backward_grad_sync = (i + 1) % accum == 0\n"
+        "self.model.require_backward_grad_sync = not i % args.accum_iter == 0\n"
+        "model.require_backward_grad_sync = (i + 1) % accum == 0 or last\n"
+        "flag = model.require_backward_grad_sync\n"
+    )
+    facts = collect_loops(cst.parse_module(source))
+    assert [flag_synced_phase(m.ancestors) for m in facts.no_sync] == [
+        Phase("i", 1, "accum", True),
+        Phase("i", 0, "accum_iter", False),
+        None,  # not one plain modulo test
+        None,  # read, not set
+    ]

@@ -128,6 +128,21 @@ def synced_phase(
     return phase.negated() if when_true else phase
 
 
+def flag_synced_phase(
+    ancestors: Sequence[cst.CSTNode], model: ScriptModel | None = None
+) -> Phase | None:
+    """For `model.require_backward_grad_sync = <test>` (the flag `no_sync` toggles, whose
+    ancestry this is): the micro-steps that all-reduce, those where the test holds."""
+    if len(ancestors) < 3:
+        return None
+    target, assign = ancestors[-2], ancestors[-3]
+    if not (isinstance(target, cst.AssignTarget) and target.target is ancestors[-1]):
+        return None
+    if not isinstance(assign, cst.Assign):
+        return None
+    return phase_of(assign.value, model)
+
+
 def step_phases(root: cst.CSTNode, model: ScriptModel | None = None) -> Iterator[Phase]:
     """The phase of every `if <test>:` under `root` whose body steps an optimizer."""
     for node in own_nodes(root):

@@ -19,6 +19,7 @@ import libcst as cst
 from ddpify.analysis.accumulation import (
     Phase,
     counted_by_hand,
+    flag_synced_phase,
     nested_backward,
     step_phases,
     synced_phase,
@@ -225,12 +226,17 @@ class AccumulationWithoutNoSync(LoopRule):
     # -- no_sync on the wrong micro-step --------------------------------------------
 
     def _check_sync_phase(self, module: cst.Module) -> None:
-        """`model.no_sync if i % accum != 0 else nullcontext` while the optimizer steps
+        """`model.no_sync if i % accum != 0 else nullcontext` (or
+        `model.require_backward_grad_sync = i % accum == 0`) while the optimizer steps
         when `(i + 1) % accum == 0`: the micro-step that all-reduces is not the one the
         optimizer steps after, so it applies gradients that differ between ranks."""
         model = self.context.model
-        mentions = [m for m in self.loops.no_sync if m.node.attr.value == "no_sync"]
-        synced = [(m, synced_phase(m.ancestors, model)) for m in mentions]
+        synced = [
+            (m, synced_phase(m.ancestors, model))
+            if m.node.attr.value == "no_sync"
+            else (m, flag_synced_phase(m.ancestors, model))
+            for m in self.loops.no_sync
+        ]
         synced = [(m, phase) for m, phase in synced if phase is not None]
         if not synced:
             return  # the common case: no extra walk
@@ -242,7 +248,7 @@ class AccumulationWithoutNoSync(LoopRule):
             step = windows.pop()
             if step == phase or not step.on_zero or counted_by_hand(module, phase.counter):
                 continue
-            self.report(mention.node, _phase_message(phase, step))
+            self.report(mention.node, _phase_message(mention.node.attr.value, phase, step))
 
     # -- no_sync around the backward only ------------------------------------------
 
@@ -265,12 +271,17 @@ class AccumulationWithoutNoSync(LoopRule):
                     self.report(call, message)
 
 
-def _phase_message(synced: Phase, step: Phase) -> str:
+def _phase_message(control: str, synced: Phase, step: Phase) -> str:
+    if control == "no_sync":
+        chosen = f"`no_sync` is left off when `{synced.shown()}`"
+        advice = f"skip `no_sync` exactly when `{step.shown()}`"
+    else:
+        chosen = f"`{control}` is set when `{synced.shown()}`"
+        advice = f"set it exactly when `{step.shown()}`"
     return (
-        f"`no_sync` is left off when `{synced.shown()}`, but the optimizer steps when "
-        f"`{step.shown()}`: the micro-step that all-reduces is not the one before the step, "
-        "so the step applies gradients accumulated without synchronisation, which differ "
-        f"between ranks; skip `no_sync` exactly when `{step.shown()}`"
+        f"{chosen}, but the optimizer steps when `{step.shown()}`: the micro-step that "
+        "all-reduces is not the one before the step, so the step applies gradients "
+        f"accumulated without synchronisation, which differ between ranks; {advice}"
     )
 
 
