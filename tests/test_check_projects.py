@@ -295,9 +295,9 @@ Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 4).train_epoch([])
 """
 
 
-def _accumulation_findings(tmp_path: Path, model: str) -> list[str]:
+def _accumulation_findings(tmp_path: Path, model: str, imports: str = "") -> list[str]:
     (tmp_path / "trainer.py").write_text(TRAINER)
-    (tmp_path / "launch.py").write_text(LAUNCH.format(model=model))
+    (tmp_path / "launch.py").write_text(imports + LAUNCH.format(model=model))
     report = check_paths([str(tmp_path / "trainer.py")], select_rules(["DDP040"]))
     return [f"{d.location.row} {d.severity.value} {d.message}" for d in report.diagnostics]
 
@@ -310,6 +310,22 @@ def test_a_trainer_whose_model_another_module_wraps_in_ddp_is_told_at_info(tmp_p
 
 def test_a_trainer_in_a_project_that_never_wraps_in_ddp_is_quiet(tmp_path):
     assert _accumulation_findings(tmp_path, "torch.nn.Linear(2, 2)") == []
+
+
+IMPORTS_DDP = "from torch.nn.parallel import DistributedDataParallel\n"
+
+
+def test_a_trainer_every_caller_builds_with_a_ddp_wrapper_is_warned(tmp_path):
+    model = "DistributedDataParallel(torch.nn.Linear(2, 2))"
+    [finding] = _accumulation_findings(tmp_path, model, IMPORTS_DDP)
+    assert finding.startswith("13 warning `loss.backward()` all-reduces the gradients on every")
+    assert "under `self.model.no_sync()`" in finding
+
+
+def test_a_trainer_a_caller_may_build_unwrapped_stays_at_info(tmp_path):
+    model = "DistributedDataParallel(torch.nn.Linear(2, 2)) if dist.is_initialized() else None"
+    [finding] = _accumulation_findings(tmp_path, model, IMPORTS_DDP)
+    assert finding.startswith("13 info ")
 
 
 # The optimizer steps in the batch loop; the backward runs in a rollout loop inside it.

@@ -83,6 +83,42 @@ def per_process_values(
                 yield PerProcessValue(path, call, shown, source)
 
 
+def constructor_arguments(
+    cls: cst.ClassDef,
+    parameter: str,
+    helper: Path,
+    importers: Sequence[tuple[Path, cst.Module, ImportMap]],
+) -> list[tuple[ScriptModel, cst.BaseExpression]] | None:
+    """What every construction of `cls` (`Trainer(model, ...)`), in the modules that
+    import `helper`, passes for its `__init__`'s `parameter`, each with the calling
+    module's model to judge it by. None when some construction passes nothing readable
+    (a `*args`, a default), or `cls` has no `__init__` of its own with that parameter."""
+    init = next(
+        (
+            statement
+            for statement in cls.body.body  # type: ignore[union-attr]
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__"
+        ),
+        None,
+    )
+    if init is None or not parameter_index(init, parameter)[1]:
+        return None
+    stem = helper.parent.name if helper.name == "__init__.py" else helper.stem
+    position = parameter_index(init, parameter)[0]
+    found = []
+    for _, module, imports in importers:
+        calls = [call for call, _ in _calls(module, imports, f"{stem}.{cls.name.value}")]
+        if not calls:
+            continue
+        model = _model_of(module)
+        for call in calls:
+            arg = find_arg(call, parameter, position)
+            if arg is None or arg.star:
+                return None
+            found.append((model, arg.value))
+    return found
+
+
 def _passed(
     use: ParameterUse,
     module: cst.Module,

@@ -24,6 +24,7 @@ from ddpify.analysis.accumulation import (
     step_phases,
     synced_phase,
 )
+from ddpify.analysis.call_sites import constructor_arguments
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.training import (
     DDP,
@@ -34,6 +35,8 @@ from ddpify.analysis.training import (
     is_optimizer_step,
     names_of,
     own_nodes,
+    walk_subtree,
+    wraps_ddp,
 )
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
@@ -152,7 +155,11 @@ class AccumulationWithoutNoSync(LoopRule):
 
     def _report_unknown_wrapper(self, found: _Accumulation) -> None:
         """The model is wrapped elsewhere (it arrives as an argument or attribute):
-        the same pattern, at info level, since it may not be DDP at all."""
+        the same pattern, at info level, since it may not be DDP at all; a warning when
+        every module that builds the class hands it a DDP wrapper."""
+        if self._wrapped_by_every_caller(found):
+            self._report(found)
+            return
         backward = self.context.code(found.backward.func).removesuffix(".backward")
         test = self.context.code(found.step_if.test)
         message = (
@@ -161,6 +168,27 @@ class AccumulationWithoutNoSync(LoopRule):
             f"micro-step all-reduces the gradients: run them under `{found.wrapper}.no_sync()`"
         )
         self.report(found.backward, message, severity=Severity.INFO)
+
+    def _wrapped_by_every_caller(self, found: _Accumulation) -> bool:
+        """`self.model` of a class whose `__init__` stores its `model` parameter there,
+        built (`Trainer(ddp_model, ...)`) only with DDP wrappers by the modules that import
+        this one: then the wrap is proven, not guessed."""
+        head, _, attribute = found.wrapper.partition(".")
+        cls = found.loop.scope()
+        if head != "self" or not attribute or not isinstance(cls, cst.ClassDef):
+            return False
+        values = self.context.model.bindings.get(found.wrapper, [])
+        if len(values) != 1 or not isinstance(values[0], cst.Name):
+            return False
+        if not any(node is values[0] for node in walk_subtree(cls)):
+            return False  # another class of the module stores it
+        helper = self.context.local.file
+        if helper is None:
+            return False
+        passed = constructor_arguments(
+            cls, values[0].value, helper, self.context.importing_modules()
+        )
+        return bool(passed) and all(_is_ddp(model, value) for model, value in passed)
 
     # -- the plain case: no no_sync at all ------------------------------------------
 
@@ -297,6 +325,14 @@ def _forward_outside(loop: cst.CSTNode, block: cst.With, wrapper: str) -> bool:
         isinstance(n, cst.Call) and dotted(n.func) == wrapper and id(n) not in ids
         for n in own_nodes(loop)
     )
+
+
+def _is_ddp(model, value: cst.BaseExpression) -> bool:
+    """`DDP(m)` itself, or a name every assignment of which is one (in `model`'s module)."""
+    if wraps_ddp(model, value) and not isinstance(value, cst.IfExp):
+        return True
+    name = dotted(value)
+    return name is not None and always_ddp(model, name)
 
 
 def _is_plain_import(statement: cst.CSTNode) -> bool:
