@@ -543,3 +543,18 @@ def test_the_cache_notices_a_change_in_the_caller(tmp_path):
     assert len(_seed_findings(tmp_path, PER_RANK_FLAGS, cache=cache)) == 1
     shared = PER_RANK_FLAGS.replace("= worker_seed", "= shuffling_seeds[0]")
     assert _seed_findings(tmp_path, shared, cache=cache) == []
+
+
+def test_a_seed_passed_through_a_relative_import_in_a_package(tmp_path):
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "data.py").write_text(LOADERS.format(attribute="seed"))
+    (package / "train.py").write_text(
+        "import os\n\nimport torch.distributed as dist\n\nfrom .data import build_loader\n\n"
+        "rank = int(os.environ['RANK'])\n"
+        "loader = build_loader(list(range(8)), 4, seed=1234 + rank)\n"
+    )
+    report = check_paths([str(package / "data.py")], select_rules(["DDP023"]))
+    [finding] = [f"{d.location.row} {d.message}" for d in report.diagnostics]
+    assert finding.startswith("11 `seed=seed` comes from the callers of `build_loader()`: train.py")
