@@ -380,11 +380,15 @@ def _nested_backward_in(
     body: list[cst.BaseStatement], loop: cst.For | cst.While
 ) -> tuple[int, cst.Call] | None:
     """The body statement (and the call) running `.backward()` from a loop nested in it
-    on every iteration of `loop` (see `nested_backward`)."""
+    on every iteration of `loop` (see `nested_backward`); not one that also steps the
+    optimizer itself (every backward may then be followed by its step)."""
     for index, statement in enumerate(body):
         call = nested_backward(statement, loop)
-        if call is not None:
-            return index, call
+        if call is None:
+            continue
+        if any(isinstance(n, cst.Call) and is_optimizer_step(n) for n in own_nodes(statement)):
+            return None
+        return index, call
     return None
 
 
