@@ -389,8 +389,18 @@ def main(opt):
     rank = dist.get_rank()
     seed = opt["seed"]
     {seeding}
-    return create_dataset(opt["train"])
+    dataset = create_dataset(opt["train"])
+    {loop}
+
+
+def train_one_epoch(dataset, epoch):
+    return [dataset[index] for index in range(len(dataset))]
+
+
+def predict(dataset):
+    return len(dataset)
 """
+EPOCHS = 'for epoch in range(opt["epochs"]):\n        train_one_epoch(dataset, epoch)'
 
 SEED_UTIL = """\
 import random
@@ -460,6 +470,7 @@ def _seeded_project(
     seed_body: str = SEEDS_ALIKE,
     item: str = AUGMENTS,
     transforms: str = "mylib.data.transforms",
+    loop: str = EPOCHS,
 ) -> Path:
     data = tmp_path / "mylib" / "data"
     data.mkdir(parents=True)
@@ -470,7 +481,7 @@ def _seeded_project(
     dataset = PAIRED_DATASET.format(transforms=transforms, item=item)
     (data / "paired_dataset.py").write_text(dataset)
     train = tmp_path / "train.py"
-    train.write_text(SEEDED_TRAIN.format(imports=imports, seeding=seeding))
+    train.write_text(SEEDED_TRAIN.format(imports=imports, seeding=seeding, loop=loop))
     return train
 
 
@@ -509,6 +520,12 @@ def test_a_helper_that_seeds_nothing_is_quiet(tmp_path):
 
 def test_datasets_that_draw_nothing_are_no_evidence(tmp_path):
     train = _seeded_project(tmp_path, item="return low, high")
+    assert _seed_findings(train) == []
+
+
+def test_an_inference_script_beside_augmenting_datasets_is_quiet(tmp_path):
+    # No epoch loop: the package's datasets are no evidence about this script's data.
+    train = _seeded_project(tmp_path, loop="return predict(dataset)")
     assert _seed_findings(train) == []
 
 

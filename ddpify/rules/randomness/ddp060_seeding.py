@@ -135,6 +135,11 @@ class SameSeedEveryRank(DistributedRule):
         evidence: list[Path] = []
         if not self.augments:
             # Datasets found by a registry or a folder scan augment out of this file's sight.
+            # Weaker evidence than a draw in this file: a package holds datasets this script
+            # may not use, so it counts only for a script that trains (an epoch loop), not
+            # for an inference script beside it.
+            if not self.model.epoch_loops():
+                return
             evidence = augmenting_modules(self.context.local)
             if not evidence:
                 return
