@@ -180,9 +180,11 @@ def _names_batch(expr: cst.BaseExpression) -> bool:
     return False
 
 
-def _nodes(root: cst.CSTNode) -> list[cst.CSTNode]:
+def _nodes(root: cst.CSTNode, limit: int = 64) -> list[cst.CSTNode]:
+    """The first `limit` nodes of `root`: a batch size is a short expression, and a long
+    chain of divisions must not cost the square of its length."""
     found, stack = [], [root]
-    while stack:
+    while stack and len(found) < limit:
         node = stack.pop()
         found.append(node)
         stack.extend(children(node))
