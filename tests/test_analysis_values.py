@@ -9,6 +9,7 @@ from ddpify.analysis.names import ImportMap
 from ddpify.analysis.values import (
     divides_by_world_size,
     falls_back_to_cpu,
+    is_per_node_count,
     per_process_source,
 )
 
@@ -42,6 +43,30 @@ IMPORTS = imports_of("import os", "import time", "import torch", "import torch.d
 def test_per_process_source(expr, bindings, expected):
     parsed = {k: [cst.parse_expression(v) for v in vs] for k, vs in bindings.items()}
     assert per_process_source(cst.parse_expression(expr), IMPORTS, parsed) == expected
+
+
+@pytest.mark.parametrize(
+    "expr, bindings, expected",
+    [
+        ("torch.cuda.device_count()", {}, True),
+        ("ngpus_per_node", {}, True),
+        ("args.gpus_per_node", {}, True),
+        ('int(os.environ["LOCAL_WORLD_SIZE"])', {}, True),
+        ('int(os.environ.get("LOCAL_WORLD_SIZE", 1))', {}, True),
+        ("n", {"n": ["torch.cuda.device_count()"]}, True),
+        ("n", {"n": ["m"], "m": ["torch.cuda.device_count()"]}, True),
+        # The ImageNet example's world size counts the nodes too: a product is no alias.
+        ("args.world_size", {"args.world_size": ["ngpus_per_node * args.world_size"]}, False),
+        ("n", {"n": ["torch.cuda.device_count()", "dist.get_world_size()"]}, False),
+        ("dist.get_world_size()", {}, False),
+        ('int(os.environ["WORLD_SIZE"])', {}, False),
+        ("ngpus", {}, False),
+        ("num_nodes", {}, False),
+    ],
+)
+def test_is_per_node_count(expr, bindings, expected):
+    parsed = {k: [cst.parse_expression(v) for v in vs] for k, vs in bindings.items()}
+    assert is_per_node_count(cst.parse_expression(expr), IMPORTS, parsed) is expected
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ddpify.api import check_paths
 from ddpify.rules import select_rules
 
@@ -558,3 +560,172 @@ def test_a_seed_passed_through_a_relative_import_in_a_package(tmp_path):
     report = check_paths([str(package / "data.py")], select_rules(["DDP023"]))
     [finding] = [f"{d.location.row} {d.message}" for d in report.diagnostics]
     assert finding.startswith("11 `seed=seed` comes from the callers of `build_loader()`: train.py")
+
+
+# -- DDP060: a seeding helper of another module, datasets found by a registry -------------
+
+SEEDED_TRAIN = """\
+import torch
+import torch.distributed as dist
+{imports}
+from mylib.data import create_dataset
+
+
+def main(opt):
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    seed = opt["seed"]
+    {seeding}
+    dataset = create_dataset(opt["train"])
+    {loop}
+
+
+def train_one_epoch(dataset, epoch):
+    return [dataset[index] for index in range(len(dataset))]
+
+
+def predict(dataset):
+    return len(dataset)
+"""
+EPOCHS = 'for epoch in range(opt["epochs"]):\n        train_one_epoch(dataset, epoch)'
+
+SEED_UTIL = """\
+import random
+
+import numpy as np
+import torch
+
+
+def set_random_seed(seed):
+    \"\"\"Seed random, NumPy and torch.\"\"\"
+{body}
+"""
+SEEDS_ALIKE = "    random.seed(seed)\n    np.random.seed(seed)\n    torch.manual_seed(seed)"
+
+# The package scans its own folder for datasets (importlib), so no module names them.
+DATA_PACKAGE = """\
+import importlib
+from pathlib import Path
+
+_modules = [
+    importlib.import_module(f"mylib.data.{path.stem}")
+    for path in Path(__file__).parent.glob("*_dataset.py")
+]
+
+
+def create_dataset(opt):
+    for module in _modules:
+        if hasattr(module, opt["type"]):
+            return getattr(module, opt["type"])(opt)
+    raise ValueError(opt["type"])
+"""
+
+TRANSFORMS = """\
+import random
+
+
+def augment(images, hflip=True):
+    flip = hflip and random.random() < 0.5
+    return [image.flip(-1) if flip else image for image in images]
+"""
+
+PAIRED_DATASET = """\
+import torch
+from torch.utils import data
+
+from {transforms} import augment
+
+
+class PairedDataset(data.Dataset):
+    def __init__(self, opt):
+        self.pairs = torch.randn(8, 2, 3, 4, 4)
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def __getitem__(self, index):
+        low, high = self.pairs[index]
+        {item}
+"""
+AUGMENTS = "return augment([low, high])"
+
+
+def _seeded_project(
+    tmp_path: Path,
+    seeding: str = "set_random_seed(seed)",
+    imports: str = "from mylib import set_random_seed",
+    seed_body: str = SEEDS_ALIKE,
+    item: str = AUGMENTS,
+    transforms: str = "mylib.data.transforms",
+    loop: str = EPOCHS,
+) -> Path:
+    data = tmp_path / "mylib" / "data"
+    data.mkdir(parents=True)
+    (tmp_path / "mylib" / "__init__.py").write_text("from .util import set_random_seed\n")
+    (tmp_path / "mylib" / "util.py").write_text(SEED_UTIL.format(body=seed_body))
+    (data / "__init__.py").write_text(DATA_PACKAGE)
+    (data / "transforms.py").write_text(TRANSFORMS)
+    dataset = PAIRED_DATASET.format(transforms=transforms, item=item)
+    (data / "paired_dataset.py").write_text(dataset)
+    train = tmp_path / "train.py"
+    train.write_text(SEEDED_TRAIN.format(imports=imports, seeding=seeding, loop=loop))
+    return train
+
+
+def _helper_seed_findings(path: Path, cache_dir: Path | None = None) -> list[str]:
+    report = check_paths([str(path)], select_rules(["DDP060"]), cache_dir=cache_dir)
+    return [f"{d.location.row} {d.message}" for d in report.diagnostics]
+
+
+@pytest.mark.parametrize(
+    ("imports", "seeding"),
+    [
+        ("from mylib import set_random_seed", "set_random_seed(seed)"),
+        ("import mylib", "mylib.set_random_seed(seed=seed)"),
+        ("from mylib import util", "util.set_random_seed(seed)"),
+        ("from mylib.util import set_random_seed as seed_all", "seed_all(seed)"),
+    ],
+)
+def test_a_seeding_helper_of_another_module_seeds_every_rank_alike(tmp_path, imports, seeding):
+    [finding] = _helper_seed_findings(_seeded_project(tmp_path, seeding, imports))
+    assert finding.startswith(f"11 `{seeding}` seeds every rank alike")
+    assert finding.endswith("(`paired_dataset.py` draws random augmentations)")
+
+
+def test_the_rank_added_to_the_helpers_seed_is_quiet(tmp_path):
+    assert _helper_seed_findings(_seeded_project(tmp_path, "set_random_seed(seed + rank)")) == []
+
+
+def test_a_helper_that_adds_the_rank_itself_is_quiet(tmp_path):
+    body = "    seed += torch.distributed.get_rank()\n" + SEEDS_ALIKE
+    assert _helper_seed_findings(_seeded_project(tmp_path, seed_body=body)) == []
+
+
+def test_a_helper_that_seeds_nothing_is_quiet(tmp_path):
+    assert _helper_seed_findings(_seeded_project(tmp_path, seed_body="    return seed")) == []
+
+
+def test_datasets_that_draw_nothing_are_no_evidence(tmp_path):
+    train = _seeded_project(tmp_path, item="return low, high")
+    assert _helper_seed_findings(train) == []
+
+
+def test_an_inference_script_beside_augmenting_datasets_is_quiet(tmp_path):
+    # No epoch loop: the package's datasets are no evidence about this script's data.
+    train = _seeded_project(tmp_path, loop="return predict(dataset)")
+    assert _helper_seed_findings(train) == []
+
+
+def test_a_dataset_importing_its_augmentation_relatively_is_evidence(tmp_path):
+    [finding] = _helper_seed_findings(_seeded_project(tmp_path, transforms=".transforms"))
+    assert finding.startswith("11 `set_random_seed(seed)` seeds every rank alike")
+
+
+def test_the_cache_notices_a_dataset_that_starts_augmenting(tmp_path):
+    train = _seeded_project(tmp_path, item="return low, high")
+    cache = tmp_path / ".cache"
+    assert _helper_seed_findings(train, cache) == []
+    assert _helper_seed_findings(train, cache) == []  # served from the cache
+    dataset = PAIRED_DATASET.format(transforms="mylib.data.transforms", item=AUGMENTS)
+    (tmp_path / "mylib" / "data" / "paired_dataset.py").write_text(dataset)
+    assert len(_helper_seed_findings(train, cache)) == 1  # train.py is unchanged, a dataset is not

@@ -34,6 +34,9 @@ MAX_MODULES = 64
 # How far above an entry script a package root may be (`python tools/train.py` importing
 # `from mypkg import ...`, with `mypkg/` beside `tools/`).
 MAX_ROOT_ASCENT = 2
+# How many packages re-exporting a name (`from .util import f` in __init__.py) a lookup
+# passes through to the module that defines it.
+MAX_REEXPORTS = 2
 
 
 @dataclass
@@ -516,7 +519,32 @@ class LocalFunctions:
         dots = len(qualified) - len(qualified.lstrip("."))
         module_name, _, name = qualified[dots:].rpartition(".")
         module_name = "." * dots + module_name  # `.helper` -> the package's __init__.py
-        for path in self._candidates(module_name):
+        return self._defined_in(self._candidates(module_name), name, MAX_REEXPORTS)
+
+    def parse(self, path: Path) -> tuple[cst.Module, ImportMap, str] | None:
+        """The parsed local module at `path` (module, its imports, sha256), shared by the
+        run; None when it cannot be read or parsed."""
+        return self._parse(path)
+
+    def function_in(self, path: Path, name: str) -> LocalFunction | None:
+        """The function a bare `name` calls inside the local module at `path`: defined
+        there, or imported from another local module (absolute or relative to `path`).
+        The defining module is recorded as used."""
+        if self.file is None:
+            return None
+        found = self._defined_in([path], name, MAX_REEXPORTS)
+        if found is None or not isinstance(found[0], cst.FunctionDef):
+            return None
+        self.used[str(found[2])] = found[3]
+        return LocalFunction(*found)  # type: ignore[arg-type]
+
+    def _defined_in(
+        self, paths: Iterable[Path], name: str, hops: int
+    ) -> tuple[_Definition, ImportMap, Path, str] | None:
+        """The definition of `name` in the first of `paths` that has one, following a
+        package's re-export (`from .util import set_random_seed` in utils/__init__.py)
+        up to `hops` times; a module passed through is recorded as used."""
+        for path in paths:
             parsed = self._parse(path)
             if parsed is None:
                 continue
@@ -524,7 +552,32 @@ class LocalFunctions:
             definition = _top_level(module, name)
             if definition is not None:
                 return definition, imports, path, digest
+            if hops > 0:
+                found = self._reexported(path, imports, name, hops - 1)
+                if found is not None:
+                    self.used[str(path)] = digest
+                    return found
         return None
+
+    def _reexported(
+        self, path: Path, imports: ImportMap, name: str, hops: int
+    ) -> tuple[_Definition, ImportMap, Path, str] | None:
+        """Where the module at `path` imports `name` from, when that is a local module."""
+        assert self.file is not None
+        boundary = _common_root([self.file])
+        relative = imports.relative.get(name)
+        if relative is not None:
+            dots = len(relative) - len(relative.lstrip("."))
+            module_name, _, original = relative[dots:].rpartition(".")
+            found = _resolve_relative(path, dots, module_name or None, (), boundary)
+        else:
+            absolute = imports.aliases.get(name)
+            if absolute is None or "." not in absolute or absolute.startswith("torch."):
+                return None
+            module_name, _, original = absolute.rpartition(".")
+            found = _resolve_absolute(module_name, _roots([self.file], boundary), boundary)
+        candidates = [other for other in reversed(found) if other != path]
+        return self._defined_in(candidates, original, hops)
 
     @classmethod
     def _parse(cls, path: Path) -> tuple[cst.Module, ImportMap, str] | None:

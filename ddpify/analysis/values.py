@@ -148,3 +148,59 @@ def _assigns_cpu(branch: cst.CSTNode, imports: ImportMap) -> bool:
             if is_cpu_device(node.value, imports):
                 return True
     return False
+
+
+# The number of devices (or processes) on one node, never the whole job's: right as the
+# world size only when the job runs on one node.
+_PER_NODE_CALLS = frozenset(
+    {"torch.cuda.device_count", "torch.xpu.device_count", "torch.accelerator.device_count"}
+)
+_PER_NODE_WORD = re.compile(r"per_?node|local_world_size|local_size$", re.I)
+_PER_NODE_ENV = frozenset({"LOCAL_WORLD_SIZE", "NPROC_PER_NODE"})
+
+
+def is_per_node_count(
+    expr: cst.BaseExpression,
+    imports: ImportMap,
+    bindings: Mapping[str, Sequence[cst.BaseExpression]],
+    depth: int = 0,
+) -> bool:
+    """Whether `expr` is the device count of one node: `torch.cuda.device_count()`,
+    `ngpus_per_node`, `int(os.environ["LOCAL_WORLD_SIZE"])`, or a name every binding of
+    which is one (`ngpus = torch.cuda.device_count()`).
+
+    A value built from it is not (`args.world_size = ngpus_per_node * args.world_size`
+    counts every node), so only whole aliases are followed."""
+    if isinstance(expr, cst.Call):
+        name = imports.qualify(expr.func)
+        if name in _PER_NODE_CALLS:
+            return True
+        if name is None and dotted(expr.func) == "int" and len(expr.args) == 1:
+            return is_per_node_count(expr.args[0].value, imports, bindings, depth)
+        return _environ_key(expr, imports) in _PER_NODE_ENV
+    if isinstance(expr, cst.Subscript):
+        return _environ_key(expr, imports) in _PER_NODE_ENV
+    name = dotted(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+    if name is None:
+        return False
+    if _PER_NODE_WORD.search(name.rsplit(".", 1)[-1]):
+        return True
+    values = bindings.get(name, ())
+    return (
+        depth < _MAX_DEPTH
+        and bool(values)
+        and all(is_per_node_count(value, imports, bindings, depth + 1) for value in values)
+    )
+
+
+def _environ_key(expr: cst.BaseExpression, imports: ImportMap) -> str | None:
+    """`"KEY"` of `os.environ["KEY"]`, `os.environ.get("KEY", ...)`, `os.getenv("KEY")`."""
+    key: cst.BaseExpression | None = None
+    if isinstance(expr, cst.Subscript) and imports.qualify(expr.value) == "os.environ":
+        element = expr.slice[0].slice if len(expr.slice) == 1 else None
+        key = element.value if isinstance(element, cst.Index) else None
+    elif isinstance(expr, cst.Call) and expr.args:
+        if imports.qualify(expr.func) in {"os.environ.get", "os.getenv"}:
+            key = expr.args[0].value
+    value = key.evaluated_value if isinstance(key, cst.SimpleString) else None
+    return value if isinstance(value, str) else None

@@ -3,7 +3,8 @@
 Off by default: a per-process batch is DDP's normal convention and most scripts mean
 it, so the rule cannot tell a deliberate per-process value from a global one carried
 over from DataParallel. It speaks only when nothing in the file divides by the world
-size; see rules/DDP026.md.
+size, or when a batch size is divided by the device count of one node (the pytorch/
+examples ImageNet idiom, right on a single node only); see rules/DDP026.md.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import libcst as cst
 
 from ddpify.analysis.loaders import LoaderCall, names_in
 from ddpify.analysis.names import dotted, find_arg
-from ddpify.analysis.values import divides_by_world_size
+from ddpify.analysis.values import divides_by_world_size, is_per_node_count
 from ddpify.diagnostics import Severity
 from ddpify.rules.data._common import LoaderRule, is_distributed
 from ddpify.walk import children
@@ -29,6 +30,9 @@ _GLOBAL_HELP = re.compile(
     r"\b(total|global)\b|all (the )?(gpus|devices|processes)|across (all )?(gpus|devices|ranks)",
     re.I,
 )
+# A name that holds a batch size: `args.batch_size`, `cfg.train.batchsize`, `bs`.
+_BATCH_NAME = re.compile(r"batch_?size|(^|_)(bs|batch)$", re.I)
+INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 
 
 class GlobalVsPerProcessBatch(LoaderRule):
@@ -40,10 +44,25 @@ class GlobalVsPerProcessBatch(LoaderRule):
     MESSAGE = "`batch_size` applies to each process under DDP: the global batch is N× larger"
     DEFAULT_ENABLED = False
 
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        # Divisions of a batch size: (the division, its divisor), judged at the end.
+        self.batch_divisions: list[tuple[cst.CSTNode, cst.BaseExpression]] = []
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if isinstance(node.operator, (cst.Divide, cst.FloorDivide)) and _names_batch(node.left):
+            self.batch_divisions.append((node, node.right))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        divides = isinstance(node.operator, (cst.DivideAssign, cst.FloorDivideAssign))
+        if divides and _names_batch(node.target):
+            self.batch_divisions.append((node, node.value))
+
     def leave_Module(self, node: cst.Module) -> None:
         model = self.context.model
         if model.framework is not None or not is_distributed(model):
             return
+        self._check_per_node_divisions()
         sharded = [
             loader
             for loader in self.facts.loaders
@@ -53,6 +72,31 @@ class GlobalVsPerProcessBatch(LoaderRule):
             return
         for loader in sharded:
             self._check(loader)
+
+    def _check_per_node_divisions(self) -> None:
+        """`args.batch_size / ngpus_per_node`: the global batch split over one node's
+        devices, which is the world size only when the job runs on one node."""
+        if self._single_node():
+            return
+        for division, divisor in self.batch_divisions:
+            if self._per_node(divisor):
+                shown = self.context.code(division)
+                if len(shown) > 60 or "\n" in shown:
+                    shown = "… / " + self.context.code(divisor)
+                self.report(division, _per_node_message(shown, self.context.code(divisor)))
+
+    def _per_node(self, expr: cst.BaseExpression) -> bool:
+        return is_per_node_count(expr, self.context.imports, self.context.model.bindings)
+
+    def _single_node(self) -> bool:
+        """The process group's size is itself the node's device count
+        (`init_process_group(..., world_size=torch.cuda.device_count())`): the script
+        runs on one node by construction, where that count is the world size."""
+        for call in self.context.model.calls_to(INIT_PROCESS_GROUP):
+            size = find_arg(call, "world_size", 3)
+            if size is not None and self._per_node(size.value):
+                return True
+        return False
 
     def _check(self, loader: LoaderCall) -> None:
         size = loader.arg("batch_size")
@@ -122,6 +166,38 @@ def _adapts_to_world_size(module: cst.Module) -> bool:
             return True
         stack.extend(children(node))
     return False
+
+
+def _names_batch(expr: cst.BaseExpression) -> bool:
+    """Whether a name or key in `expr` says it is a batch size."""
+    for child in _nodes(expr):
+        if isinstance(child, cst.Name) and _BATCH_NAME.search(child.value):
+            return True
+        if isinstance(child, cst.SimpleString):
+            value = child.evaluated_value
+            if isinstance(value, str) and _BATCH_NAME.search(value):
+                return True
+    return False
+
+
+def _nodes(root: cst.CSTNode, limit: int = 64) -> list[cst.CSTNode]:
+    """The first `limit` nodes of `root`: a batch size is a short expression, and a long
+    chain of divisions must not cost the square of its length."""
+    found, stack = [], [root]
+    while stack and len(found) < limit:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(children(node))
+    return found
+
+
+def _per_node_message(division: str, divisor: str) -> str:
+    return (
+        f"`{division}` splits the batch over the devices of one node (`{divisor}`), which is "
+        "the world size only on a single node: on N nodes every process keeps that share and "
+        "the global batch is N times larger; if the batch is meant for the whole job, divide "
+        "by the world size (`dist.get_world_size()`)"
+    )
 
 
 def _batch_message(size: str) -> str:

@@ -2,33 +2,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 
-from ddpify.analysis.names import dotted
+from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.project import LocalFunction
+from ddpify.analysis.seeding import (
+    DATA_METHODS,
+    SEED_CALLS,
+    augmenting_modules,
+    is_draw,
+    is_random_transform,
+    seed_parameter,
+)
 from ddpify.analysis.wrappers import Place, innermost
 from ddpify.diagnostics import Severity
 from ddpify.rules.devices._common import DistributedRule
 from ddpify.walk import children
 
-# Calls that seed a global random stream with their first argument.
-SEED_CALLS = frozenset(
-    {
-        "torch.manual_seed",
-        "torch.random.manual_seed",
-        "torch.cuda.manual_seed",
-        "torch.cuda.manual_seed_all",
-        "random.seed",
-        "numpy.random.seed",
-        "transformers.set_seed",
-        "transformers.trainer_utils.set_seed",
-    }
-)
-# Libraries whose `Random*` transforms draw from the global streams.
-AUGMENTATION_PACKAGES = ("torchvision.transforms", "albumentations", "kornia.augmentation")
-# Python and NumPy draws inside a dataset's item access: per-sample augmentation.
-DRAW_PACKAGES = ("random.", "numpy.random.", "torch.rand", "torch.randint", "torch.randn")
-DATA_METHODS = frozenset({"__getitem__", "__iter__", "__next__"})
 _RANK = re.compile(r"rank|gpu|device_id|process_index", re.I)
 
 
@@ -67,16 +59,39 @@ class SameSeedEveryRank(DistributedRule):
             callee = node.func.value if isinstance(node.func, cst.Name) else node.func.attr.value
             self.local_calls.setdefault(callee, []).append(node)  # type: ignore[arg-type]
         if name in SEED_CALLS:
-            if node.args and self._depends_on_rank(node.args[0].value):
-                self.rank_seeded = True
-            elif node.args:
-                place = Place(tuple(self.context.ancestors), self.order)
-                self.seeds.append(_Seed(node, place))
+            self._seeded_with(node, node.args[0].value if node.args else None)
         elif name is not None:
-            if name.startswith(DRAW_PACKAGES):
+            if is_draw(name):
                 self.draws.append(Place(tuple(self.context.ancestors), self.order))
             if not self.augments:
                 self.augments = self._augments(node, name)
+            if self._is_statement():
+                self._helper_call(node)
+
+    def _seeded_with(self, call: cst.Call, seed: cst.BaseExpression | None) -> None:
+        if seed is not None and self._depends_on_rank(seed):
+            self.rank_seeded = True
+        elif seed is not None:
+            place = Place(tuple(self.context.ancestors), self.order)
+            self.seeds.append(_Seed(call, place))
+
+    def _is_statement(self) -> bool:
+        ancestors = self.context.ancestors
+        return len(ancestors) > 1 and isinstance(ancestors[-2], cst.Expr)
+
+    def _helper_call(self, call: cst.Call) -> None:
+        """`set_random_seed(seed)` with the helper in a local module: its body seeds the
+        global streams with that parameter, so the call seeds them with the argument."""
+        helper = self.context.local_callee(call.func)
+        if not isinstance(helper, LocalFunction):
+            return
+        found = seed_parameter(helper.node, helper.imports)
+        if found is None:
+            return
+        position, name = found
+        arg = find_arg(call, name, position)
+        if arg is not None and not arg.star:
+            self._seeded_with(call, arg.value)
 
     def visit_Arg(self, node: cst.Arg) -> None:
         # `DataLoader(..., worker_init_fn=seed_worker)` with a rank-aware seed function,
@@ -86,10 +101,9 @@ class SameSeedEveryRank(DistributedRule):
                 self.rank_seeded = True
 
     def _augments(self, call: cst.Call, name: str) -> bool:
-        last = name.rsplit(".", 1)[-1]
-        if name.startswith(AUGMENTATION_PACKAGES) and last.startswith("Random"):
+        if is_random_transform(name):
             return True
-        if name.startswith(DRAW_PACKAGES) and "seed" not in last:
+        if is_draw(name):
             function = self.context.enclosing(cst.FunctionDef)
             return isinstance(function, cst.FunctionDef) and function.name.value in DATA_METHODS
         return False
@@ -110,7 +124,7 @@ class SameSeedEveryRank(DistributedRule):
         return False
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.is_distributed() or self.rank_seeded or not self.augments or not self.seeds:
+        if not self.is_distributed() or self.rank_seeded or not self.seeds:
             return
         seeds = [seed for seed in self.seeds if not self._local_draw(seed)]
         if not seeds:
@@ -118,6 +132,17 @@ class SameSeedEveryRank(DistributedRule):
         seed = seeds[0]
         if innermost(seed.place.ancestors, cst.FunctionDef) is not None and self._rank_param(seed):
             return
+        evidence: list[Path] = []
+        if not self.augments:
+            # Datasets found by a registry or a folder scan augment out of this file's sight.
+            # Weaker evidence than a draw in this file: a package holds datasets this script
+            # may not use, so it counts only for a script that trains (an epoch loop), not
+            # for an inference script beside it.
+            if not self.model.epoch_loops():
+                return
+            evidence = augmenting_modules(self.context.local)
+            if not evidence:
+                return
         shown = self.context.code(seed.call)
         if len(shown) > 60 or "\n" in shown:
             shown = self.context.code(seed.call.func) + "(...)"
@@ -127,6 +152,8 @@ class SameSeedEveryRank(DistributedRule):
             "(DDP broadcasts rank 0's weights anyway) and seed the data streams with "
             "`seed + rank`"
         )
+        if evidence:
+            message += f" (`{evidence[0].name}` draws random augmentations)"
         self.report(seed.call, message)
 
     def _local_draw(self, seed: _Seed) -> bool:
