@@ -14,6 +14,7 @@ import libcst as cst
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import iterated_name, project_has_hand_made_batches, training_loops
+from ddpify.analysis.streams import training_stream
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
@@ -30,6 +31,7 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.streams import shard_streams, stream_of, unsharded_stream_note
 
 NAME = "data"
 ADAPTIVE = {
@@ -59,18 +61,28 @@ def run(tree: Tree, plan: Plan) -> Edits:
     # In a project the loader may be built in another module: it is sharded there, and
     # this module's epoch loop calls set_epoch on it.
     built_here = [loader for loader in loaders if tree.owns(loader.call)]
+    # A loader over an IterableDataset is sharded inside the dataset's class: no sampler,
+    # so no set_epoch either.
+    if plan.shape.converts:
+        streams = shard_streams(tree, plan, edits, loaders)
+    else:
+        streams = {id(loader.call) for loader in loaders if training_stream(tree, loader)}
     for loader in built_here:
-        _shard(tree, plan, edits, loader)
+        if id(loader.call) not in streams:
+            _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
+    if plan.shape.converts:
         hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
         if hand_made and not loaders:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:
             _batch_and_lr(tree, plan, edits, built_here)
-    placed = _set_epoch(tree, plan, edits, loaders)
+    sampled = [loader for loader in loaders if id(loader.call) not in streams]
+    placed = _set_epoch(tree, plan, edits, sampled)
     if plan.shape.converts:
-        _note_step_loop_order(tree, plan, [x for x in built_here if id(x.call) not in placed])
+        unplaced = [x for x in sampled if tree.owns(x.call) and id(x.call) not in placed]
+        _note_step_loop_order(tree, plan, unplaced)
     if plan.shape.converts:
         _note_adaptive_solvers(tree, plan)
     _map_location(tree, plan, edits)
@@ -240,6 +252,10 @@ def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
     train = {id(loader.call) for loader in loaders}
     for call in tree.calls_to(DATA_LOADER):
         if id(call) in train or find_arg(call, "sampler", 2) is not None:
+            continue
+        stream = stream_of(tree, call)
+        if stream is not None:
+            plan.needs_human(unsharded_stream_note(stream), tree.code(tree.statement(call)))
             continue
         plan.needs_human(
             "this loader is not sharded: every rank runs all of it (right metrics, N-fold "
@@ -419,7 +435,11 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> s
             continue
         epoch = loop.target.value
         code = _set_epoch_code(tree, loop, found, names[found], epoch)
-        edits.prepend[loop].append(snippets.statement(code))
+        binding = _binding_in(tree, loop, found)
+        if binding is not None:  # the loader is built each epoch: reshuffle the new one
+            edits.after[binding].append(snippets.statement(code))
+        else:
+            edits.prepend[loop].append(snippets.statement(code))
         plan.change(
             NAME,
             "set_epoch at the top of each epoch, so each epoch reshuffles",
@@ -427,6 +447,16 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> s
             "DDP022",
         )
     return placed
+
+
+def _binding_in(tree: Tree, loop: cst.For, name: str) -> cst.BaseStatement | None:
+    """The statement in `loop` that binds the loader `name` (`loader = DataLoader(...)`
+    built inside the epoch loop): set_epoch must come after it, not before the loader
+    exists."""
+    for assign in tree.within(loop, cst.Assign):
+        if any(dotted(t.target) == name for t in assign.targets):
+            return tree.statement(assign)
+    return None
 
 
 def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
