@@ -183,3 +183,46 @@ def test_set_epoch_follows_a_loader_built_inside_the_epoch_loop():
     built = next(i for i, line in enumerate(lines) if "loader = DataLoader(" in line)
     assert lines[built + 1].strip() == "loader.sampler.set_epoch(epoch)"
     assert sum("set_epoch" in line for line in lines) == 1
+
+
+SAMPLE_DATA = (
+    "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+    "def sample_data(loader):\n"
+    "    while True:\n"
+    "        yield from loader\n\n\n"
+    "def main():\n"
+    "    model = torch.nn.Linear(1, 1)\n"
+    "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "    data = TensorDataset(torch.arange(16.0).view(-1, 1))\n"
+    "    loader = DataLoader(data, batch_size=4, shuffle=True)\n"
+    "    batches = sample_data(loader)\n"
+    "    for step in range(20):\n"
+    "        (x,) = next(batches)\n"
+    "        opt.zero_grad()\n"
+    "        model(x).sum().backward()\n"
+    "        opt.step()\n\n\n"
+    "if __name__ == '__main__':\n    main()\n"
+)
+
+
+def test_an_endless_generator_over_the_loader_reshuffles_on_every_pass():
+    """`while True: yield from loader`: no epoch loop to call set_epoch in; the new pass
+    starts in the generator, and the sampler's epoch moves on there."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    source = SAMPLE_DATA
+    result = migrate_source(source, "train.py")
+    assert result.migrated, result.reason
+    assert not any("nothing calls set_epoch" in h.why for h in result.needs_human)
+    assert migrate_source(result.output, "train.py").output == result.output
+    namespace: dict = {"__name__": "train"}
+    exec(compile(result.output, "train.py", "exec"), namespace)
+    data = TensorDataset(torch.arange(8.0))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True)
+    batches = namespace["sample_data"](DataLoader(data, batch_size=8, sampler=sampler))
+    passes = [next(batches)[0].tolist() for _ in range(3)]
+    assert sampler.epoch == 2
+    assert all(sorted(order) == list(range(8)) for order in passes)
+    assert len({tuple(order) for order in passes}) == 3  # each pass its own order

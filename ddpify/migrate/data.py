@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.endless import pass_restarts
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import iterated_name, project_has_hand_made_batches, training_loops
@@ -81,7 +82,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
     sampled = [loader for loader in loaders if id(loader.call) not in streams]
     placed = _set_epoch(tree, plan, edits, sampled)
     if plan.shape.converts:
-        unplaced = [x for x in sampled if tree.owns(x.call) and id(x.call) not in placed]
+        unplaced = [x for x in sampled if id(x.call) not in placed]
+        per_pass = _set_epoch_per_pass(tree, plan, edits, unplaced)
+        unplaced = [x for x in unplaced if tree.owns(x.call) and id(x.call) not in per_pass]
         _note_step_loop_order(tree, plan, unplaced)
     if plan.shape.converts:
         _note_adaptive_solvers(tree, plan)
@@ -457,6 +460,47 @@ def _binding_in(tree: Tree, loop: cst.For, name: str) -> cst.BaseStatement | Non
         if any(dotted(t.target) == name for t in assign.targets):
             return tree.statement(assign)
     return None
+
+
+PER_PASS_COMMENT = "# ddpify: a new pass over the loader: its DistributedSampler reshuffles"
+
+
+def _set_epoch_per_pass(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> set[int]:
+    """A shuffled loader that an endless generator feeds the step loop (`def
+    sample_data(loader): while True: yield from loader`): where a new pass begins, the
+    sampler's epoch moves on by one, the same on every rank, so each pass reshuffles as
+    the original's did. The ids of the loaders handled so."""
+    if any(method_name(c) == "set_epoch" for c in tree.view.find(cst.Call)):
+        return set()
+    covered: set[int] = set()
+    done: set[int] = set()
+    for loader in loaders:
+        shuffle = find_arg(loader.call, "shuffle", 3)
+        if shuffle is None or dotted(shuffle.value) == "False":
+            continue
+        restarts = pass_restarts(tree.view, loader.names)
+        if restarts:
+            covered.add(id(loader.call))
+        for restart in restarts:
+            if not tree.owns(restart.statement) or id(restart.statement) in done:
+                continue
+            done.add(id(restart.statement))
+            sampler = f"{restart.parameter}.sampler"
+            code = (
+                f"if isinstance({sampler}, {plan.sampler}):\n"
+                f"    {sampler}.set_epoch({sampler}.epoch + 1)\n"
+            )
+            new = snippets.statements(code, PER_PASS_COMMENT)[0]
+            (edits.after if restart.after else edits.before)[restart.statement].append(new)
+            plan.needs.add("sampler")
+            plan.change(
+                NAME,
+                f"set_epoch on each new pass `{restart.function.name.value}` starts over "
+                f"`{restart.parameter}`, so each pass reshuffles",
+                f"{sampler}.set_epoch(",
+                "DDP022",
+            )
+    return covered
 
 
 def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
