@@ -226,3 +226,51 @@ def test_an_endless_generator_over_the_loader_reshuffles_on_every_pass():
     assert sampler.epoch == 2
     assert all(sorted(order) == list(range(8)) for order in passes)
     assert len({tuple(order) for order in passes}) == 3  # each pass its own order
+
+
+WORKER_SPLIT = (
+    "import torch\n"
+    "from torch.utils.data import DataLoader, IterableDataset, get_worker_info\n\n\n"
+    "class Numbers(IterableDataset):\n"
+    "    def __init__(self, n):\n"
+    "        self.n = n\n\n"
+    "    def __iter__(self):\n"
+    "        info = get_worker_info()\n"
+    "        start, step = (0, 1) if info is None else (info.id, info.num_workers)\n"
+    "        for i in range(start, self.n, step):\n"
+    "            yield torch.tensor([float(i)])\n\n\n"
+    "def main():\n"
+    "    model = torch.nn.Linear(1, 1)\n"
+    "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "    train_set = Numbers(64)\n"
+    "    loader = DataLoader(train_set, batch_size=4, num_workers=2)\n"
+    "    for x in loader:\n"
+    "        opt.zero_grad()\n"
+    "        model(x).sum().backward()\n"
+    "        opt.step()\n\n\n"
+    "if __name__ == '__main__':\n    main()\n"
+)
+
+
+def test_a_stream_split_by_dataloader_worker_is_split_by_rank_within_each_worker(monkeypatch):
+    """The class already splits by `get_worker_info()`: each worker's part is split by
+    rank, so (rank, worker) pairs read disjoint items, as many per rank."""
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    result = migrate_source(WORKER_SPLIT, "train.py")
+    assert result.migrated, result.reason
+    seen: list[int] = []
+    for rank in range(2):
+        data = _rank_view(result.output, monkeypatch, rank, 2)
+        counts = []
+        for worker in range(3):
+            info = SimpleNamespace(id=worker, num_workers=3)
+            data["get_worker_info"] = lambda info=info: info
+            stream = data["Numbers"](64)
+            stream.shard_by_rank = True
+            items = [int(x.item()) for x in stream]
+            counts.append(len(items))
+            seen.extend(items)
+        assert counts == [11, 10, 10]  # workers' parts of 22, 21, 21 items, tails dropped
+    assert len(seen) == len(set(seen)) == 62
