@@ -274,3 +274,14 @@ def test_a_stream_split_by_dataloader_worker_is_split_by_rank_within_each_worker
             seen.extend(items)
         assert counts == [11, 10, 10]  # workers' parts of 22, 21, 21 items, tails dropped
     assert len(seen) == len(set(seen)) == 62
+
+
+def test_a_stream_that_splits_itself_by_rank_is_left_to_it_and_named():
+    source = WORKER_SPLIT.replace(
+        "        start, step = (0, 1) if info is None else (info.id, info.num_workers)\n",
+        "        start, step = torch.distributed.get_rank(), torch.distributed.get_world_size()\n",
+    )
+    result = migrate_source(source, "train.py")
+    assert result.migrated, result.reason
+    assert "rank_sharded_iter" not in result.output and "shard_by_rank" not in result.output
+    assert any("leaves its sharding to them" in h.why for h in result.needs_human)

@@ -76,6 +76,7 @@ def shard_streams(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
             _note_evaluation(tree, plan, stream)
             continue
         if _sharded_by_user(stream):
+            _note_sharded_by_user(tree, plan, stream)
             continue
         if tree.owns(stream.loader.call) and not switched_on(tree.view, stream):
             _switch_on(tree, plan, edits, stream)
@@ -148,7 +149,7 @@ def _decorate(tree: Tree, plan: Plan, edits: Edits, stream: Stream, method) -> N
         NAME,
         f"`{owner}.{method.name.value}` {what} on a dataset switched on with "
         f"`{SWITCH} = True` (the training loader's)",
-        f"def {method.name.value}(",
+        f"@{name}",
     )
 
 
@@ -157,6 +158,18 @@ def _class_of(stream: Stream, method: cst.FunctionDef) -> str:
         if any(s is method for s in cls.body.body):
             return cls.name.value
     return stream.created
+
+
+def _note_sharded_by_user(tree: Tree, plan: Plan, stream: Stream) -> None:
+    """The classes mention a rank or a world size: taken as splitting the stream
+    themselves, which ddpify cannot check; a human can."""
+    if tree.owns(stream.loader.call):
+        plan.needs_human(
+            f"the training stream `{stream.dataset or stream.created}` is an IterableDataset "
+            f"whose classes mention a rank or world size, so ddpify leaves its sharding to "
+            "them: check that each rank reads its own items, as many as the others",
+            tree.code(tree.statement(stream.loader.call)),
+        )
 
 
 def _note_evaluation(tree: Tree, plan: Plan, stream: Stream) -> None:
