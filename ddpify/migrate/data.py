@@ -438,7 +438,7 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> s
             continue
         epoch = loop.target.value
         code = _set_epoch_code(tree, loop, found, names[found], epoch)
-        binding = _binding_in(tree, loop, found)
+        binding = _binding_in(tree, loop, names[found])
         if binding is not None:  # the loader is built each epoch: reshuffle the new one
             edits.after[binding].append(snippets.statement(code))
         else:
@@ -452,13 +452,15 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> s
     return placed
 
 
-def _binding_in(tree: Tree, loop: cst.For, name: str) -> cst.BaseStatement | None:
-    """The statement in `loop` that binds the loader `name` (`loader = DataLoader(...)`
-    built inside the epoch loop): set_epoch must come after it, not before the loader
-    exists."""
-    for assign in tree.within(loop, cst.Assign):
-        if any(dotted(t.target) == name for t in assign.targets):
-            return tree.statement(assign)
+def _binding_in(tree: Tree, loop: cst.For, loader: Loader) -> cst.BaseStatement | None:
+    """The statement in `loop` that builds the loader (`loader = DataLoader(...)` inside
+    the epoch loop): set_epoch must come after it, not before the loader exists."""
+    if not tree.owns(loader.call) or not tree.inside(loader.call, loop):
+        return None
+    statement = tree.statement(loader.call)
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if isinstance(small, cst.Assign) and small.value is loader.call:
+        return statement
     return None
 
 
