@@ -87,7 +87,7 @@ def shard_streams(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
                     _decorate(tree, plan, edits, stream, method)
                     helpers_at.append(_top_level(tree, method))
         _note_random_draws(tree, plan, stream)
-    if helpers_at:
+    if helpers_at and ITER_DECORATOR not in tree.functions():
         first = min(helpers_at, key=lambda s: tree.module.body.index(s))
         helpers = HELPERS.format(iter=ITER_DECORATOR, len=LEN_DECORATOR, switch=SWITCH)
         edits.before[first].extend(snippets.statements(helpers))
