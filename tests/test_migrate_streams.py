@@ -285,3 +285,21 @@ def test_a_stream_that_splits_itself_by_rank_is_left_to_it_and_named():
     assert result.migrated, result.reason
     assert "rank_sharded_iter" not in result.output and "shard_by_rank" not in result.output
     assert any("leaves its sharding to them" in h.why for h in result.needs_human)
+
+
+def test_a_map_style_dataset_named_like_a_stream_elsewhere_still_gets_a_sampler():
+    """`train` is a stream in one function and a TensorDataset where the training loader
+    is built: the binding beside the loader decides."""
+    source = WORKER_SPLIT.replace(
+        "    train_set = Numbers(64)\n"
+        "    loader = DataLoader(train_set, batch_size=4, num_workers=2)\n",
+        "    train_set = torch.utils.data.TensorDataset(torch.randn(64, 1))\n"
+        "    loader = DataLoader(train_set, batch_size=4, shuffle=True)\n",
+    ).replace(
+        "def main():\n",
+        "def preview():\n    train_set = Numbers(8)\n    return list(train_set)\n\n\ndef main():\n",
+    )
+    result = migrate_source(source, "train.py")
+    assert result.migrated, result.reason
+    assert "sampler=DistributedSampler(train_set, shuffle=True)" in result.output
+    assert "shard_by_rank" not in result.output

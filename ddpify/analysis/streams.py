@@ -76,7 +76,7 @@ def training_stream(tree, loader: Loader) -> Stream | None:
         if created is not None and created.rsplit(".", 1)[-1] in iterable:
             return Stream(loader, "", created.rsplit(".", 1)[-1], [], None, None)
         return None
-    for value in _bindings(tree).get(name, ()):
+    for value in _dataset_values(view, loader.call, name):
         created = dotted(value.func) if isinstance(value, cst.Call) else None
         last = created.rsplit(".", 1)[-1] if created else None
         if last in iterable:
@@ -90,6 +90,18 @@ def training_stream(tree, loader: Loader) -> Stream | None:
                 producing_method(classes, "__len__"),
             )
     return None
+
+
+def _dataset_values(view, call: cst.Call, name: str) -> list[cst.BaseExpression]:
+    """What `name` is bound to where the loader is built (its function), else anywhere in
+    the project (`self.train_ds` set in `__init__`, a loader built in a helper)."""
+    scope = view.scope(call)
+    here = [
+        assign.value
+        for assign in view.find(cst.Assign)
+        if view.scope(assign) is scope and any(dotted(t.target) == name for t in assign.targets)
+    ]
+    return here or _bindings(view).get(name, [])
 
 
 def class_chain(view, name: str) -> list[cst.ClassDef]:
