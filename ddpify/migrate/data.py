@@ -73,7 +73,6 @@ def run(tree: Tree, plan: Plan) -> Edits:
             _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
-    if plan.shape.converts:
         hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
         if hand_made and not loaders:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
@@ -477,7 +476,7 @@ def _set_epoch_per_pass(tree: Tree, plan: Plan, edits: Edits, loaders: list[Load
     covered: set[int] = set()
     done: set[int] = set()
     for loader in loaders:
-        shuffle = find_arg(loader.call, "shuffle", 3)
+        shuffle = find_arg(loader.call, "shuffle", 2)
         if shuffle is None or dotted(shuffle.value) == "False":
             continue
         restarts = pass_restarts(tree.view, loader.names)
@@ -514,7 +513,7 @@ def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None
         return
     loops = training_loops(tree.view)
     for loader in loaders:
-        shuffle = find_arg(loader.call, "shuffle", 3)
+        shuffle = find_arg(loader.call, "shuffle", 2)
         if shuffle is None or dotted(shuffle.value) == "False":
             continue
         if any(iterated_name(loop, tree.view) in loader.names for loop in loops):
