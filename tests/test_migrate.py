@@ -274,7 +274,7 @@ def test_dataparallel_wrap_moves_after_the_device_move():
             "        yield torch.randn(2), torch.randn(1)\n"
             "model = torch.nn.Linear(2, 1)\n"
             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-            "stream = Stream()\nloader = DataLoader(stream, batch_size=4)\n"
+            "loader = DataLoader(Stream(), batch_size=4)\n"
             "for x, y in loader:\n    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n",
             "IterableDataset",
         ),

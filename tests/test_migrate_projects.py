@@ -202,42 +202,6 @@ def test_the_readme_command_runs_a_project_end_to_end(tmp_path):
     ).read_text()
 
 
-def test_a_loader_over_a_subclass_of_an_iterable_dataset_is_refused(tmp_path):
-    """`Subset(Stream)` with `Stream(IterableDataset)` in another module takes no sampler
-    either: a DistributedSampler there would crash, so migrate says why instead."""
-    (tmp_path / "data.py").write_text(
-        "import torch\n"
-        "from torch.utils.data import IterableDataset\n\n\n"
-        "class Stream(IterableDataset):\n"
-        "    def __init__(self, rows):\n"
-        "        self.rows = rows\n\n"
-        "    def __iter__(self):\n"
-        "        yield from self.rows\n\n\n"
-        "class Subset(Stream):\n"
-        "    def __init__(self, stream, size):\n"
-        "        self.rows = stream.rows[:size]\n",
-        encoding="utf-8",
-    )
-    (tmp_path / "train.py").write_text(
-        "import torch\n"
-        "from torch.utils.data import DataLoader\n"
-        "from data import Stream, Subset\n\n"
-        "model = torch.nn.Linear(4, 1)\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "rows = [torch.randn(4) for _ in range(32)]\n"
-        "train = Subset(Stream(rows), 16)\n"
-        "loader = DataLoader(train, batch_size=4)\n"
-        "for x in loader:\n"
-        "    opt.zero_grad()\n"
-        "    model(x).sum().backward()\n"
-        "    opt.step()\n",
-        encoding="utf-8",
-    )
-    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
-    assert not migration.migrated
-    assert "`train` is an IterableDataset, which takes no sampler" in migration.entry.reason
-
-
 def test_no_step_found_names_the_imports_chosen_at_run_time(tmp_path):
     """A model registry (`importlib.import_module("models." + name + "_model")`) hides
     the module that trains; the refusal says where the search stopped and what to do."""

@@ -14,7 +14,7 @@ import libcst as cst
 
 from ddpify.analysis.batches import carried_state, model_calls, single_example
 from ddpify.analysis.model import FRAMEWORKS
-from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles from here too
     DATA_LOADER,
     DATA_PARALLEL,
@@ -27,7 +27,6 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     batch_assignments,
     bound_target,
     hand_made_batches,
-    iterable_dataset_classes,
     local_rank_arguments,
     model_names,
     optimizer_calls,
@@ -37,6 +36,7 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     train_loaders,
     training_loops,
 )
+from ddpify.analysis.streams import is_sharded, training_stream
 from ddpify.analysis.tree import Tree
 from ddpify.migrate.report import Change, HumanItem
 
@@ -263,19 +263,32 @@ def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.
         )
     for loop in unresolved:
         _refuse_unsplittable_batches(tree, loop)
-    iterable = iterable_dataset_classes(tree)
     for loader in loaders:
-        dataset = find_arg(loader.call, "dataset", 0)
-        name = dotted(dataset.value) if dataset else None
-        for target, values in _bindings(tree).items():
-            if target == name and any(
-                isinstance(v, cst.Call) and dotted(v.func) in iterable for v in values
-            ):
-                raise NotMigrated(
-                    Shape.UNKNOWN,
-                    f"the training data `{name}` is an IterableDataset, which takes no sampler; "
-                    "every rank would read the same stream; shard it by rank in `__iter__`",
-                )
+        _refuse_unshardable_stream(tree, loader)
+
+
+def _refuse_unshardable_stream(tree: Tree, loader: Loader) -> None:
+    """A training loader over an IterableDataset of the project is sharded inside the
+    class (migrate/streams.py) when the dataset has a name to switch on and a class of
+    the project yields its items."""
+    stream = training_stream(tree, loader)
+    if stream is None or stream.evaluation or is_sharded(stream):
+        return
+    if not stream.dataset:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"the training loader `{_first_line(tree.view.code(loader.call))}` reads an "
+            f"IterableDataset ({stream.created}), which takes no sampler; bind the dataset "
+            "to a name first (`train_ds = ...`, then `DataLoader(train_ds, ...)`) and ddpify "
+            "shards it by rank",
+        )
+    if stream.iter_method is None:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"the training data `{stream.dataset}` is an IterableDataset ({stream.created}) "
+            "whose `__iter__` is not defined in this project; every rank would read the same "
+            "stream; shard it by rank in `__iter__`",
+        )
 
 
 def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:

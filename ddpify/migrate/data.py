@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.endless import pass_restarts
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import iterated_name, project_has_hand_made_batches, training_loops
+from ddpify.analysis.streams import training_stream
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
@@ -30,6 +32,7 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.streams import shard_streams, stream_of, unsharded_stream_note
 
 NAME = "data"
 ADAPTIVE = {
@@ -59,8 +62,15 @@ def run(tree: Tree, plan: Plan) -> Edits:
     # In a project the loader may be built in another module: it is sharded there, and
     # this module's epoch loop calls set_epoch on it.
     built_here = [loader for loader in loaders if tree.owns(loader.call)]
+    # A loader over an IterableDataset is sharded inside the dataset's class: no sampler,
+    # so no set_epoch either.
+    if plan.shape.converts:
+        streams = shard_streams(tree, plan, edits, loaders)
+    else:
+        streams = {id(loader.call) for loader in loaders if training_stream(tree, loader)}
     for loader in built_here:
-        _shard(tree, plan, edits, loader)
+        if id(loader.call) not in streams:
+            _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
         hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
@@ -68,9 +78,13 @@ def run(tree: Tree, plan: Plan) -> Edits:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:
             _batch_and_lr(tree, plan, edits, built_here)
-    placed = _set_epoch(tree, plan, edits, loaders)
+    sampled = [loader for loader in loaders if id(loader.call) not in streams]
+    placed = _set_epoch(tree, plan, edits, sampled)
     if plan.shape.converts:
-        _note_step_loop_order(tree, plan, [x for x in built_here if id(x.call) not in placed])
+        unplaced = [x for x in sampled if id(x.call) not in placed]
+        per_pass = _set_epoch_per_pass(tree, plan, edits, unplaced)
+        unplaced = [x for x in unplaced if tree.owns(x.call) and id(x.call) not in per_pass]
+        _note_step_loop_order(tree, plan, unplaced)
     if plan.shape.converts:
         _note_adaptive_solvers(tree, plan)
     _map_location(tree, plan, edits)
@@ -240,6 +254,10 @@ def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
     train = {id(loader.call) for loader in loaders}
     for call in tree.calls_to(DATA_LOADER):
         if id(call) in train or find_arg(call, "sampler", 2) is not None:
+            continue
+        stream = stream_of(tree, call)
+        if stream is not None:
+            plan.needs_human(unsharded_stream_note(stream), tree.code(tree.statement(call)))
             continue
         plan.needs_human(
             "this loader is not sharded: every rank runs all of it (right metrics, N-fold "
@@ -419,7 +437,11 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> s
             continue
         epoch = loop.target.value
         code = _set_epoch_code(tree, loop, found, names[found], epoch)
-        edits.prepend[loop].append(snippets.statement(code))
+        binding = _binding_in(tree, loop, names[found])
+        if binding is not None:  # the loader is built each epoch: reshuffle the new one
+            edits.after[binding].append(snippets.statement(code))
+        else:
+            edits.prepend[loop].append(snippets.statement(code))
         plan.change(
             NAME,
             "set_epoch at the top of each epoch, so each epoch reshuffles",
@@ -427,6 +449,59 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> s
             "DDP022",
         )
     return placed
+
+
+def _binding_in(tree: Tree, loop: cst.For, loader: Loader) -> cst.BaseStatement | None:
+    """The statement in `loop` that builds the loader (`loader = DataLoader(...)` inside
+    the epoch loop): set_epoch must come after it, not before the loader exists."""
+    if not tree.owns(loader.call) or not tree.inside(loader.call, loop):
+        return None
+    statement = tree.statement(loader.call)
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if isinstance(small, cst.Assign) and small.value is loader.call:
+        return statement
+    return None
+
+
+PER_PASS_COMMENT = "# ddpify: a new pass over the loader: its DistributedSampler reshuffles"
+
+
+def _set_epoch_per_pass(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> set[int]:
+    """A shuffled loader that an endless generator feeds the step loop (`def
+    sample_data(loader): while True: yield from loader`): where a new pass begins, the
+    sampler's epoch moves on by one, the same on every rank, so each pass reshuffles as
+    the original's did. The ids of the loaders handled so."""
+    if any(method_name(c) == "set_epoch" for c in tree.view.find(cst.Call)):
+        return set()
+    covered: set[int] = set()
+    done: set[int] = set()
+    for loader in loaders:
+        shuffle = find_arg(loader.call, "shuffle", 2)
+        if shuffle is None or dotted(shuffle.value) == "False":
+            continue
+        restarts = pass_restarts(tree.view, loader.names)
+        if restarts:
+            covered.add(id(loader.call))
+        for restart in restarts:
+            if not tree.owns(restart.statement) or id(restart.statement) in done:
+                continue
+            done.add(id(restart.statement))
+            sampler = f"{restart.parameter}.sampler"
+            code = (
+                f"if isinstance({sampler}, {plan.sampler}):\n"
+                f"    {sampler}.set_epoch({sampler}.epoch + 1)\n"
+            )
+            new = snippets.statements(code, PER_PASS_COMMENT)[0]
+            (edits.after if restart.after else edits.before)[restart.statement].append(new)
+            plan.needs.add("sampler")
+            plan.change(
+                NAME,
+                f"set_epoch on each new pass `{restart.function.name.value}` starts over "
+                f"`{restart.parameter}`, so each pass reshuffles",
+                f"{sampler}.set_epoch(",
+                "DDP022",
+            )
+    return covered
 
 
 def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
@@ -438,7 +513,7 @@ def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None
         return
     loops = training_loops(tree.view)
     for loader in loaders:
-        shuffle = find_arg(loader.call, "shuffle", 3)
+        shuffle = find_arg(loader.call, "shuffle", 2)
         if shuffle is None or dotted(shuffle.value) == "False":
             continue
         if any(iterated_name(loop, tree.view) in loader.names for loop in loops):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 import libcst as cst
 
+from ddpify.analysis.evaluation import looks_like_eval  # noqa: F401 - the data rules import it from here
 from ddpify.analysis.loaders import DISTRIBUTED_SAMPLER, LoaderFacts
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap, find_arg
@@ -27,27 +28,13 @@ DISTRIBUTED_CALLS = (
     "torch.distributed._composable.fsdp.fully_shard",
 )
 
-_EVAL_WORD = re.compile(r"(^|_)(val|test|eval|dev|holdout|infer|predict)")
 _EVAL_SPLIT = re.compile(r"^(val|valid|validation|test|eval|evaluation|dev|holdout)$", re.I)
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
 def is_distributed(model: ScriptModel) -> bool:
     """Whether the script initialises a process group or wraps a model for multi-process
     training (DDP, FSDP)."""
     return model.calls_any(*DISTRIBUTED_CALLS)
-
-
-def looks_like_eval(*names: str | None) -> bool:
-    """Whether one of `names` reads as evaluation data: `val_loader`, `testLoader`,
-    `eval_ds`, `dev_set`, `build_val_loader`."""
-    for name in names:
-        if not name:
-            continue
-        for part in name.split("."):
-            if _EVAL_WORD.search(_CAMEL.sub("_", part).lower()):
-                return True
-    return False
 
 
 def is_eval_dataset_call(call: cst.Call) -> bool:
