@@ -116,7 +116,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if plan.shape is not Shape.FRAMEWORK:
         # A class handed the wrapped model (`Trainer(model)`) holds the wrapper too.
         wrapped += [pair for pair in stored_models(tree) if pair[0] not in dict(wrapped)]
-    _through_module(tree, plan, edits, wrapped)
+    # Wraps the script already had stay where they are, perhaps on one branch only.
+    in_place = {id(tree.statement(call)) for call in tree.calls_to(DDP)}
+    _through_module(tree, plan, edits, wrapped, in_place)
     if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
         _received_from_other_modules(tree, plan, edits)
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
@@ -673,10 +675,16 @@ def _trains(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
 # -- through .module --------------------------------------------------------------------
 
 
-def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None:
+def _through_module(
+    tree: Tree, plan: Plan, edits: Edits, wrapped: list, in_place: set[int]
+) -> None:
     for name, statement in wrapped:
+        branch = _branch_of(tree, statement) if id(statement) in in_place else None
         for attr in _uses_after(tree, name, statement):
             if attr.attr.value in MODULE_API:
+                continue
+            if branch is not None and not tree.inside(attr, branch):
+                _note_wrapped_on_some_paths(tree, plan, name, statement, attr)
                 continue
             edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
             if _bypasses_forward_in_step(tree, attr):
@@ -700,6 +708,35 @@ def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None
                     "prefix; strip the prefix when loading old checkpoints",
                     f".module.{attr.attr.value}",
                 )
+
+
+def _branch_of(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
+    """The block of an `if` (not the `__main__` guard) that holds the wrap `statement`:
+    `if use_cuda: model = DDP(model.cuda(), ...)` leaves a plain `model` on the other path."""
+    block = tree.block(statement)
+    owner = tree.parent.get(block)
+    if isinstance(owner, cst.Else):
+        owner = tree.parent.get(owner)
+    if isinstance(owner, cst.If) and owner is not tree.main_guard():
+        return block
+    return None
+
+
+def _note_wrapped_on_some_paths(
+    tree: Tree, plan: Plan, name: str, statement: cst.BaseStatement, attr: cst.Attribute
+) -> None:
+    """`.module` would raise AttributeError where the wrap did not run: left as it is."""
+    owner = tree.parent[tree.block(statement)]
+    if isinstance(owner, cst.Else):
+        owner = tree.parent[owner]
+    condition = _first_line(tree.code(owner))
+    plan.needs_human(
+        f"`{name}` is wrapped in DDP on one branch of `{condition}` only, so "
+        f"`{name}.{attr.attr.value}` "
+        f"is left as it is (`{name}.module` would fail on the other path); wrap `{name}` on "
+        f"every path, then reach it through `{name}.module` (DDP032, DDP051)",
+        tree.code(tree.statement(attr)),
+    )
 
 
 def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
