@@ -354,3 +354,22 @@ def test_evaluation_loaders_a_loader_helper_builds_are_reported_where_they_are_k
         "test_data, test_loader = self._get_data(flag='test')",
     }
     assert all("`data_provider`" in why and "DDP025" in why for why in noted.values())
+
+
+def test_a_trained_part_under_conditions_is_wrapped_on_every_path(tmp_path):
+    """The same script with an optimizer over `model.encoder` alone: the encoder is the DDP
+    module, wrapped after the conditions (not left to GPUs with several devices), and
+    `model` stays a plain module whose `state_dict()` the helper keeps as it is."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "encoder_dataparallel" / "before", work)
+    util = (work / "util.py").read_text()
+    (work / "util.py").write_text(util.replace("model.parameters()", "model.encoder.parameters()"))
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    train = _result(migration, "train.py").output
+    set_model = train[train.index("def set_model") : train.index("def train(")]
+    assert "torch.nn.DataParallel(" not in train
+    assert set_model.index("model = model.cuda(LOCAL_RANK)") < set_model.index(
+        "\n    model.encoder = DDP(model.encoder, device_ids="
+    )
+    assert "'model': model.state_dict()," in _result(migration, "util.py").output

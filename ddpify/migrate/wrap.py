@@ -260,7 +260,11 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         owner = _device_count_if(tree, statement)
         if owner is not None and _conditional_owner(tree, owner) is not None:
             # `if cuda: if device_count() > 1: m.enc = DataParallel(m.enc)`: hoisted out of
-            # the count test, DDP would still wrap on GPUs only, and CPU ranks would drift.
+            # the count test, DDP would still wrap on GPUs only, and CPU ranks would drift;
+            # so it goes after the conditions.
+            if target is not None and inner == target and not suffix:
+                wrapped.append(_wrap_owner_instead(tree, plan, edits, call, target))
+                continue
             raise NotMigrated(
                 Shape.DATA_PARALLEL,
                 f"`{(_first_line(tree.code(statement)) or '').strip()}` is applied only under "
@@ -319,7 +323,8 @@ def _wrap_owner_instead(
 ) -> tuple[str, cst.BaseStatement]:
     """`if cuda: if device_count() > 1: model.encoder = DataParallel(model.encoder)`, with
     all of `model` trained: the DataParallel line goes, and DDP wraps the whole `model`
-    on every path (CPU runs too) once it is on its device, after the conditions."""
+    (`owner`; the part itself where it alone is trained) on every path (CPU runs too) once
+    it is on its device, after the conditions."""
     statement = tree.statement(call)
     part = tree.code(call.args[0].value)
     edits.removed.add(statement)
@@ -339,6 +344,13 @@ def _wrap_owner_instead(
     edits.after[place].append(
         snippets.statement(f"{owner} = {_ddp_call(tree, plan, owner, device_ids=ids)}")
     )
+    if owner == part:
+        plan.needs_human(
+            f"DataParallel of `{part}` was applied only when conditions held; DDP now wraps it "
+            "on every path (CPU runs too), after the conditions",
+            f"{owner} = {plan.ddp}(",
+        )
+        return owner, place
     plan.change(
         NAME,
         f"DataParallel of `{part}` -> DistributedDataParallel of the whole `{owner}`",
