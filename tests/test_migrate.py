@@ -664,3 +664,45 @@ def test_batch_norm_on_gpus_gets_the_conversion_not_the_note():
 
 def test_no_batch_norm_no_note():
     assert _per_rank_statistics_notes(CPU_BATCH_NORM.replace("nn.BatchNorm1d(8), ", "")) == []
+
+
+CUDA_ONLY_WRAP = """\
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    dist.init_process_group("gloo")
+    use_cuda = torch.cuda.is_available()
+    model = nn.Linear(8, 1)
+    if use_cuda:
+        model = DDP(model.cuda(), device_ids=[int(os.environ["LOCAL_RANK"])])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), "model.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_module_is_not_written_where_the_wrap_holds_on_one_branch_only():
+    """`if use_cuda: model = DDP(...)`: on the CPU path `model.module` would raise, so the
+    save is left as it is and the report says why, at its line."""
+    result = migrate_source(CUDA_ONLY_WRAP, "train.py")
+    assert "model.module" not in result.output
+    assert 'torch.save(model.state_dict(), "model.pt")' in result.output
+    lines = result.output.splitlines()
+    notes = [h for h in result.needs_human if "one branch of `if use_cuda:`" in h.why]
+    assert notes and "model.state_dict()" in lines[notes[0].line - 1]

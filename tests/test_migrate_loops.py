@@ -168,8 +168,9 @@ def test_an_adaptive_ode_solver_is_named_in_the_report():
     assert not any("ODE" in item.why for item in migrate(fixed).needs_human)
 
 
-def test_dataparallel_nested_under_a_cuda_test_is_refused_with_the_line():
-    """Hoisting it out of the device-count test would still leave CPU ranks unwrapped."""
+def test_dataparallel_nested_under_a_cuda_test_wraps_on_every_path_after_the_move():
+    """Hoisted out of the device-count test alone it would still leave CPU ranks unwrapped:
+    the wrap goes after the whole `if`, once the model is on its GPU."""
     source = HEADER + (
         "if torch.cuda.is_available():\n"
         "    if torch.cuda.device_count() > 1:\n"
@@ -178,6 +179,26 @@ def test_dataparallel_nested_under_a_cuda_test_is_refused_with_the_line():
         "for x, y in loader:\n    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n"
     )
     result = migrate_source(source, "t.py")
+    assert result.migrated, result.reason
+    assert "DataParallel(" not in result.output
+    assert (
+        "if torch.cuda.is_available():\n    model = model.cuda(LOCAL_RANK)\n"
+        "model = DDP(model, device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None)\n"
+    ) in result.output
+    notes = [h for h in result.needs_human if "applied only when conditions held" in h.why]
+    assert notes and "model = DDP(" in result.output.splitlines()[notes[0].line - 1]
+
+
+def test_dataparallel_nested_under_a_cuda_test_into_another_name_is_refused_with_the_line():
+    source = HEADER + (
+        "net = model\n"
+        "if torch.cuda.is_available():\n"
+        "    if torch.cuda.device_count() > 1:\n"
+        "        net = torch.nn.DataParallel(model)\n"
+        "    net = net.cuda()\n"
+        "for x, y in loader:\n    ((net(x) - y) ** 2).mean().backward()\n    opt.step()\n"
+    )
+    result = migrate_source(source, "t.py")
     assert not result.migrated
-    assert "model = torch.nn.DataParallel(model)" in result.reason
+    assert "net = torch.nn.DataParallel(model)" in result.reason
     assert "if torch.cuda.is_available():" in result.reason

@@ -262,3 +262,78 @@ def test_a_model_trained_through_an_optimizer_factory_is_wrapped(tmp_path):
     runner = next(r for r in migration.results if r.filename.endswith("runner.py"))
     assert "model = DDP(model" in runner.output
     assert "nn.DataParallel" not in runner.output
+
+
+def _result(migration, suffix: str):
+    return next(r for r in migration.results if r.filename.endswith(suffix))
+
+
+def test_dataparallel_of_the_encoder_alone_becomes_ddp_of_the_whole_trained_model(tmp_path):
+    """`if cuda: if device_count() > 1: model.encoder = DataParallel(model.encoder)` with an
+    optimizer over all of `model` (the head too): DDP of the encoder alone would leave the
+    head's gradients unaveraged, and only on GPUs. The whole model is wrapped, on every
+    path, after its move; the saved state then holds the model's own keys."""
+    _, migration = _migrated("encoder_dataparallel", tmp_path)
+    train = _result(migration, "train.py").output
+    set_model = train[train.index("def set_model") : train.index("def train(")]
+    assert "torch.nn.DataParallel(" not in train and "model.encoder = DDP" not in train
+    # outside the `if`: CPU runs are wrapped too, after the model is on its GPU
+    assert set_model.index("model = model.cuda(LOCAL_RANK)") < set_model.index(
+        "\n    model = DDP(model, device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None)"
+    )
+    assert "'model': model.module.state_dict()," in _result(migration, "util.py").output
+    assert any("the optimizer trains all of `model`" in h.why for h in migration.entry.needs_human)
+
+
+def test_a_wrapped_part_leaves_the_models_own_state_dict_alone(tmp_path):
+    """`model.encoder = DDP(model.encoder)`: `model` is no wrapper, so a helper module's
+    `model.state_dict()` must not become `model.module.state_dict()` (AttributeError)."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "encoder_dataparallel" / "after", work)
+    train = (work / "train.py").read_text()
+    whole = "    model = DDP(model, device_ids="
+    assert whole in train
+    (work / "train.py").write_text(
+        train.replace(whole, "    model.encoder = DDP(model.encoder, device_ids=")
+    )
+    util = (work / "util.py").read_text().replace("model.module.state_dict()", "model.state_dict()")
+    (work / "util.py").write_text(util)
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    assert "'model': model.state_dict()," in _result(migration, "util.py").output
+    assert not _result(migration, "util.py").changed
+
+
+def test_evaluation_loaders_a_loader_helper_builds_are_reported_where_they_are_kept(tmp_path):
+    """`data_provider(args, flag)` builds the train, val and test loaders: the sampler added
+    for training shards evaluation too, and the report names the lines that keep them."""
+    _, migration = _migrated("loader_helper_splits", tmp_path)
+    factory = _result(migration, "factory.py").output
+    assert "sampler=DistributedSampler(data_set, shuffle=shuffle_flag)" in factory
+    exp = _result(migration, "exp_forecast.py")
+    lines = exp.output.splitlines()
+    noted = {lines[h.line - 1].strip(): h.why for h in exp.needs_human if "comes from" in h.why}
+    assert set(noted) == {
+        "vali_data, vali_loader = self._get_data(flag='val')",
+        "test_data, test_loader = self._get_data(flag='test')",
+    }
+    assert all("`data_provider`" in why and "DDP025" in why for why in noted.values())
+
+
+def test_a_trained_part_under_conditions_is_wrapped_on_every_path(tmp_path):
+    """The same script with an optimizer over `model.encoder` alone: the encoder is the DDP
+    module, wrapped after the conditions (not left to GPUs with several devices), and
+    `model` stays a plain module whose `state_dict()` the helper keeps as it is."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "encoder_dataparallel" / "before", work)
+    util = (work / "util.py").read_text()
+    (work / "util.py").write_text(util.replace("model.parameters()", "model.encoder.parameters()"))
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    train = _result(migration, "train.py").output
+    set_model = train[train.index("def set_model") : train.index("def train(")]
+    assert "torch.nn.DataParallel(" not in train
+    assert set_model.index("model = model.cuda(LOCAL_RANK)") < set_model.index(
+        "\n    model.encoder = DDP(model.encoder, device_ids="
+    )
+    assert "'model': model.state_dict()," in _result(migration, "util.py").output

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
+from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
 from ddpify.analysis.tree import Tree
@@ -595,7 +596,23 @@ def class_of(tree, node: cst.CSTNode) -> cst.ClassDef | None:
 
 def _names_of_loader(tree: Tree, call: cst.Call) -> set[str]:
     """Where a DataLoader(...) ends up: `x = DataLoader(..)`, or returned by a helper whose
-    result is bound (`train, val = make_loaders()`)."""
+    result is bound (`train, val = make_loaders()`), also through helpers that return the
+    helper's result in turn (`_get_data(flag)` around `data_provider(args, flag)`)."""
+    return _names_of_loader_here(tree, call) | {name for _, name in helper_results(tree, call)}
+
+
+def training_loop_sources(tree: Tree) -> set[str]:
+    """The names the training loops iterate, and the names their callers pass for them."""
+    view = tree.view
+    found: set[str] = set()
+    for loop in _training_loops(view):
+        name = iterated_name(loop, view)
+        if name is not None:
+            found |= {name} | _arguments_for(view, loop, name)
+    return found
+
+
+def _names_of_loader_here(tree: Tree, call: cst.Call) -> set[str]:
     target = bound_target(tree, call)
     if target is not None:
         names = {target}

@@ -12,9 +12,15 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.endless import pass_restarts
+from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.roles import iterated_name, project_has_hand_made_batches, training_loops
+from ddpify.analysis.roles import (
+    iterated_name,
+    project_has_hand_made_batches,
+    training_loop_sources,
+    training_loops,
+)
 from ddpify.analysis.streams import training_stream
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
@@ -73,6 +79,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
             _shard(tree, plan, edits, loader)
     if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
+        _note_sharded_evaluation(tree, plan, loaders)
         hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
         if hand_made and not loaders:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
@@ -265,6 +272,47 @@ def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
             "metrics, minding the padding it adds (DDP025, DDP054)",
             tree.code(tree.statement(call)),
         )
+
+
+def _note_sharded_evaluation(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
+    """A loader helper (`data_provider(args, flag)`) that builds the training loader builds
+    the evaluation loaders too: the sampler added inside it shards those as well. Say so
+    where this module keeps such a loader."""
+    trained = training_loop_sources(tree)
+    for loader in loaders:
+        if not _gets_a_sampler(tree, loader.call):
+            continue
+        sites = helper_results(tree, loader.call)
+        if not any(name in trained for _, name in sites):
+            continue  # no call site keeps the training loader: the helper is not understood
+        helper = tree.view.function(loader.call).name.value  # type: ignore[union-attr]
+        for site, name in sites:
+            if name in trained or not tree.owns(site):
+                continue
+            plan.needs_human(
+                f"`{name}` comes from `{helper}`, which also builds the training loader: the "
+                "DistributedSampler added there shards this loader too, so where it evaluates, "
+                "each rank sees only its share of the data (padded with repeats) and its "
+                "metrics, early stopping and saved results are that rank's alone; build it "
+                "without the sampler, or all-reduce the metrics (DDP025, DDP054)",
+                tree.code(tree.statement(site)),
+            )
+
+
+def _gets_a_sampler(tree: Tree, call: cst.Call) -> bool:
+    """Whether `_shard` adds a DistributedSampler to this DataLoader: it has no sampler of
+    its own (none, or the empty `sampler=None` slot)."""
+    if find_arg(call, "batch_sampler") is not None:
+        return False
+    sampler = find_arg(call, "sampler", 3)
+    if sampler is None:
+        return True
+    name = dotted(sampler.value)
+    return name is not None and any(
+        _is_none(assign.value)
+        for assign in tree.view.within(tree.view.function(call) or call, cst.Assign)
+        if any(dotted(t.target) == name for t in assign.targets)
+    )
 
 
 # -- hand-made batches -----------------------------------------------------------------

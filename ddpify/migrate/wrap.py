@@ -116,7 +116,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if plan.shape is not Shape.FRAMEWORK:
         # A class handed the wrapped model (`Trainer(model)`) holds the wrapper too.
         wrapped += [pair for pair in stored_models(tree) if pair[0] not in dict(wrapped)]
-    _through_module(tree, plan, edits, wrapped)
+    # Wraps the script already had stay where they are, perhaps on one branch only.
+    in_place = {id(tree.statement(call)) for call in tree.calls_to(DDP)}
+    _through_module(tree, plan, edits, wrapped, in_place)
     if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
         _received_from_other_modules(tree, plan, edits)
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
@@ -233,6 +235,10 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
                 tree.code(statement),
             )
             continue
+        owner = trained_owner_of_part(tree, inner) if inner == target and not suffix else None
+        if owner is not None:
+            wrapped.append(_wrap_owner_instead(tree, plan, edits, call, owner))
+            continue
         plan.change(
             NAME,
             "DataParallel -> DistributedDataParallel (one process per GPU)",
@@ -254,7 +260,11 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         owner = _device_count_if(tree, statement)
         if owner is not None and _conditional_owner(tree, owner) is not None:
             # `if cuda: if device_count() > 1: m.enc = DataParallel(m.enc)`: hoisted out of
-            # the count test, DDP would still wrap on GPUs only, and CPU ranks would drift.
+            # the count test, DDP would still wrap on GPUs only, and CPU ranks would drift;
+            # so it goes after the conditions.
+            if target is not None and inner == target and not suffix:
+                wrapped.append(_wrap_owner_instead(tree, plan, edits, call, target))
+                continue
             raise NotMigrated(
                 Shape.DATA_PARALLEL,
                 f"`{(_first_line(tree.code(statement)) or '').strip()}` is applied only under "
@@ -290,6 +300,72 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         if target:
             wrapped.append((target, statement))
     return wrapped
+
+
+def trained_owner_of_part(tree: Tree, part: str) -> str | None:
+    """`model` for `model.encoder` when an optimizer trains all of `model` and not
+    `model.encoder` alone: DataParallel of the part splits its batch, but DDP of the part
+    would average the gradients of the part only, and the rest (a projection head) would
+    drift apart on every rank."""
+    trained = trained_model_names(tree)
+    if part in trained:
+        return None
+    parts = part.split(".")[:-1]
+    while parts and parts != ["self"]:
+        if ".".join(parts) in trained:
+            return ".".join(parts)
+        parts = parts[:-1]
+    return None
+
+
+def _wrap_owner_instead(
+    tree: Tree, plan: Plan, edits: Edits, call: cst.Call, owner: str
+) -> tuple[str, cst.BaseStatement]:
+    """`if cuda: if device_count() > 1: model.encoder = DataParallel(model.encoder)`, with
+    all of `model` trained: the DataParallel line goes, and DDP wraps the whole `model`
+    (`owner`; the part itself where it alone is trained) on every path (CPU runs too) once
+    it is on its device, after the conditions."""
+    statement = tree.statement(call)
+    part = tree.code(call.args[0].value)
+    edits.removed.add(statement)
+    holder = tree.parent.get(tree.block(statement))
+    if isinstance(holder, cst.If) and holder.orelse is None and len(holder.body.body) == 1:
+        edits.removed.add(holder)  # `if device_count() > 1:` held the wrap alone
+    outermost = _climb_conditionals(tree, statement)
+    place = _last_preparation(tree, owner, outermost)
+    ids = None
+    if isinstance(outermost, cst.If) and outermost is not statement:
+        # `if use_cuda: ... model = model.cuda()`: on the GPU only where that test holds.
+        moved = tree.code(outermost.body) if outermost.orelse is None else ""
+        if "device_count" not in tree.code(outermost.test):
+            ids = _device_ids_when(tree, outermost.test, True, moved)
+    if _wants_sync_bn(tree, plan):
+        edits.after[place].append(_sync_bn(plan, owner))
+    edits.after[place].append(
+        snippets.statement(f"{owner} = {_ddp_call(tree, plan, owner, device_ids=ids)}")
+    )
+    if owner == part:
+        plan.needs_human(
+            f"DataParallel of `{part}` was applied only when conditions held; DDP now wraps it "
+            "on every path (CPU runs too), after the conditions",
+            f"{owner} = {plan.ddp}(",
+        )
+        return owner, place
+    plan.change(
+        NAME,
+        f"DataParallel of `{part}` -> DistributedDataParallel of the whole `{owner}`",
+        f"{owner} = {plan.ddp}(",
+        "DDP070",
+    )
+    plan.needs_human(
+        f"DataParallel wrapped only `{part}`, but the optimizer trains all of `{owner}`: DDP "
+        f"now wraps the whole `{owner}` on every path (CPU runs too), so the gradients of its "
+        f"other parts are averaged across ranks as well; `{part}` is reached as "
+        f"`{owner}.module.{part[len(owner) + 1 :]}`, and checkpoints hold the model's own keys "
+        f"(no `module.` inside `{part[len(owner) + 1 :]}`)",
+        f"{owner} = {plan.ddp}(",
+    )
+    return owner, place
 
 
 def _one_branch_of(tree: Tree, expr: cst.BaseExpression) -> cst.IfExp | None:
@@ -559,7 +635,11 @@ def _last_preparation(tree: Tree, target: str, binding: cst.BaseStatement) -> cs
 def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
     if isinstance(stmt, cst.If):
         inner = list(stmt.body.body)
-        return bool(inner) and all(_prepares(tree, s, target) for s in inner)
+        # `if cuda: model = model.cuda(); cudnn.benchmark = True`: the move makes the whole
+        # `if` a preparation (the wrap goes after it), as long as nothing in it trains.
+        return any(_prepares(tree, s, target) for s in inner) and not any(
+            _trains(tree, s, target) for s in inner
+        )
     if isinstance(stmt, cst.For):
         return mentions(stmt.iter, target) and "backward" not in tree.code(stmt)
     if not isinstance(stmt, cst.SimpleStatementLine):
@@ -569,7 +649,11 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
         return True
     for call in tree.within(stmt, cst.Call):
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
-        if receiver is not None and dotted(receiver) == target and method_name(call) in PREPARES:
+        if (
+            receiver is not None
+            and _is_or_holds(dotted(receiver), target)
+            and method_name(call) in PREPARES
+        ):
             return True
     # `AdamW(model.get_parameters())`: a parameter-group method of the model's own class
     # is not an attribute of the DDP wrapper, so that optimizer is built before the wrap
@@ -578,6 +662,13 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
         not parameter_owners(call) and target in trained_owners(tree.view, call)
         for call in tree.within(stmt, cst.Call)
     )
+
+
+def _is_or_holds(name: str | None, target: str) -> bool:
+    """`model` for `model.encoder` too: moving the model moves its parts."""
+    if name is None or name == "self":
+        return False
+    return name == target or target.startswith(name + ".")
 
 
 def _trains(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
@@ -596,10 +687,16 @@ def _trains(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
 # -- through .module --------------------------------------------------------------------
 
 
-def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None:
+def _through_module(
+    tree: Tree, plan: Plan, edits: Edits, wrapped: list, in_place: set[int]
+) -> None:
     for name, statement in wrapped:
+        branch = _branch_of(tree, statement) if id(statement) in in_place else None
         for attr in _uses_after(tree, name, statement):
             if attr.attr.value in MODULE_API:
+                continue
+            if branch is not None and not tree.inside(attr, branch):
+                _note_wrapped_on_some_paths(tree, plan, name, statement, attr)
                 continue
             edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
             if _bypasses_forward_in_step(tree, attr):
@@ -625,10 +722,39 @@ def _through_module(tree: Tree, plan: Plan, edits: Edits, wrapped: list) -> None
                 )
 
 
+def _branch_of(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
+    """The block of an `if` (not the `__main__` guard) that holds the wrap `statement`:
+    `if use_cuda: model = DDP(model.cuda(), ...)` leaves a plain `model` on the other path."""
+    block = tree.block(statement)
+    owner = tree.parent.get(block)
+    if isinstance(owner, cst.Else):
+        owner = tree.parent.get(owner)
+    if isinstance(owner, cst.If) and owner is not tree.main_guard():
+        return block
+    return None
+
+
+def _note_wrapped_on_some_paths(
+    tree: Tree, plan: Plan, name: str, statement: cst.BaseStatement, attr: cst.Attribute
+) -> None:
+    """`.module` would raise AttributeError where the wrap did not run: left as it is."""
+    owner = tree.parent[tree.block(statement)]
+    if isinstance(owner, cst.Else):
+        owner = tree.parent[owner]
+    condition = _first_line(tree.code(owner))
+    plan.needs_human(
+        f"`{name}` is wrapped in DDP on one branch of `{condition}` only, so "
+        f"`{name}.{attr.attr.value}` "
+        f"is left as it is (`{name}.module` would fail on the other path); wrap `{name}` on "
+        f"every path, then reach it through `{name}.module` (DDP032, DDP051)",
+        tree.code(tree.statement(attr)),
+    )
+
+
 def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
     """A helper module's functions handed the wrapped model (`save(model, path)` called
     from the entry script) reach its attributes through `.module` too."""
-    helpers = propagate(tree, model_names(tree))
+    helpers = propagate(tree, _wrapper_names(tree, plan))
     for attr in tree.find(cst.Attribute):
         receiver = dotted(attr.value)
         func = tree.function(attr)
@@ -646,6 +772,22 @@ def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
             f".module.{attr.attr.value}",
             code,
         )
+
+
+def _wrapper_names(tree: Tree, plan: Plan) -> set[str]:
+    """The names that hold a DDP wrapper once the project is migrated: the targets of its
+    DDP calls, of the DataParallel calls this pass replaces (the trained owner where only
+    a part was wrapped) and, for a bare model, the modules the optimizers train. Not
+    `model` for `model.encoder = DDP(model.encoder)`: `model` keeps its own `state_dict`."""
+    if plan.shape is Shape.SINGLE:
+        return trained_model_names(tree)
+    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)}
+    if plan.shape is Shape.DATA_PARALLEL:
+        for call in tree.view.calls_to(DATA_PARALLEL):
+            target = bound_target(tree, call)
+            names.add(target and (trained_owner_of_part(tree, target) or target))
+    names.discard(None)
+    return names  # type: ignore[return-value]
 
 
 def _bypasses_forward_in_step(tree: Tree, attr: cst.Attribute) -> bool:
