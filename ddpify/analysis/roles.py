@@ -10,12 +10,14 @@ rewriting stays in the module asked about.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
 
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.streams import batch_stream_makers, item_names, maker_of, unwrap
 from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
 from ddpify.analysis.tree import Tree
 from ddpify.walk import children
@@ -27,6 +29,7 @@ DIST_SAMPLER = "torch.utils.data.DistributedSampler"
 ITERABLE_DATASET = "torch.utils.data.IterableDataset"
 # Wrappers around the loader in `for batch in tqdm(enumerate(loader))`.
 ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
+_SCHEDULER_OR_OPTIMIZER = re.compile(r"sched|optim", re.I)
 # Training loops: `for` over batches or epochs, `while step < max_iters` step loops.
 LOOPS = (cst.For, cst.While)
 
@@ -314,7 +317,12 @@ def _loop_over_data(view, loop: cst.While) -> cst.For | cst.While:
 def _calls_of(view, func: cst.FunctionDef) -> list[cst.Call]:
     def calls_func(call: cst.Call) -> bool:
         callee = dotted(call.func)
-        return callee is not None and callee.rsplit(".", 1)[-1] == func.name.value
+        if callee is None or callee.rsplit(".", 1)[-1] != func.name.value:
+            return False
+        # `scheduler.step()`, `self.optimizer.step()`: an LR scheduler's or optimizer's own
+        # `step`, never a training-step helper that happens to share the name.
+        owner = callee.rsplit(".", 1)[0].rsplit(".", 1)[-1] if "." in callee else ""
+        return not _SCHEDULER_OR_OPTIMIZER.search(owner)
 
     return [call for call in view.find(cst.Call, calls_func) if not view.inside(call, func)]
 
@@ -530,10 +538,109 @@ def hand_made_batches(tree: Tree) -> list[BatchAssignment]:
 
 
 def project_has_hand_made_batches(tree: Tree) -> bool:
-    """Whether any module of the project shards hand-made batches (the global batch then
-    stays the original's, and so does the learning rate, in every module)."""
+    """Whether any module of the project shards hand-made batches or the batches of a
+    batch stream (the global batch then stays the original's, and so does the learning
+    rate, in every module)."""
     trees = getattr(tree.view, "trees", [tree])
-    return any(hand_made_batches(t) for t in trees)
+    return any(hand_made_batches(t) or stream_batches(t) for t in trees)
+
+
+# -- batch streams: loops over an iterable of the project that yields whole batches --------
+
+
+@dataclass
+class StreamBatch:
+    """`for i, x in enumerate(tqdm(stream))` over a batch stream: the batch enters the step
+    at the loop target (`x`), where a migration splits it by rank."""
+
+    loop: cst.For
+    names: list[str]  # the names the loop target binds to one batch (`x`; `x, y`)
+    maker: str  # the class or generator function of the project that makes the stream
+
+
+def stream_batches(tree: Tree) -> list[StreamBatch]:
+    """The loops of this module, fed by no DataLoader, that iterate a batch stream."""
+    _, unresolved = train_loaders(tree)
+    found = [stream_batch(tree, loop) for loop in unresolved]
+    return [batch for batch in found if batch is not None]
+
+
+def stream_batch(tree: Tree, loop: cst.For | cst.While) -> StreamBatch | None:
+    """The batch stream `loop` iterates, directly (`for x in batches(data, bs)`) or through
+    the name it iterates (`self.trainloader`, handed to the class as `trainloader =
+    DataStreamer(...)` in another module); None when it is not one, or is ambiguous."""
+    if not isinstance(loop, cst.For) or already_distributed(tree, loop):
+        return None
+    view = tree.view
+    bindings = _bindings(tree)
+    stream = unwrap(loop.iter, _loop_bindings(view, loop, bindings))
+    names = item_names(loop.target, stream.enumerates) if stream is not None else None
+    if stream is None or not names or _split_at_target(loop, names):
+        return None
+    makers = _cached(view, "stream_makers", lambda: frozenset(_stream_makers(view)))
+    maker = maker_of(stream.source, makers)
+    if maker is None:
+        name = dotted(stream.source)
+        if name is None:
+            return None
+        sources = {name} | _arguments_for(view, loop, name)
+        values = [value for source in sources for value in bindings.get(source, [])]
+        if any(view.qualify(v.func) == DATA_LOADER for v in values if isinstance(v, cst.Call)):
+            return None
+        found = {maker_of(value, makers) for value in values} - {None}
+        if len(found) != 1:
+            return None
+        maker = found.pop()  # type: ignore[assignment]
+    return StreamBatch(loop, names, maker)  # type: ignore[arg-type]
+
+
+def _loop_bindings(view, loop: cst.For, bindings) -> dict[str, list[cst.BaseExpression]]:
+    """`bindings`, with a plain name bound in the loop's own function only by the values
+    bound there (`t` in `with tqdm(self.loader) as t`, which other methods bind too)."""
+    func = view.function(loop)
+    if func is None:
+        return bindings
+    local: dict[str, list[cst.BaseExpression]] = {}
+    for node in view.within(func, (cst.Assign, cst.WithItem)):
+        if isinstance(node, cst.Assign):
+            pairs = [(dotted(t.target), node.value) for t in node.targets]
+        else:
+            asname = node.asname.name if node.asname is not None else None
+            pairs = [(dotted(asname) if asname is not None else None, node.item)]
+        for name, value in pairs:
+            if name and "." not in name:
+                local.setdefault(name, []).append(value)
+    return {**bindings, **local}
+
+
+def _stream_makers(view) -> set[str]:
+    return batch_stream_makers(view.find(cst.ClassDef), view.find(cst.FunctionDef))
+
+
+def _split_at_target(loop: cst.For, names: list[str]) -> bool:
+    """The loop already splits its batch by the world size (`x = x[... WORLD_SIZE ...]`)."""
+    for statement in loop.body.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if (
+                    isinstance(small, cst.Assign)
+                    and any(dotted(t.target) in names for t in small.targets)
+                    and "WORLD_SIZE" in names_read(small.value)
+                ):
+                    return True
+    return False
+
+
+def already_distributed(tree: Tree, loop: cst.For | cst.While) -> bool:
+    """The function that runs the loop deals with a DistributedSampler itself
+    (`if isinstance(self.sampler, DistributedSampler): self.sampler.set_epoch(e)`): its
+    data are sharded by whoever built its loader, and the loop is left as it is."""
+    view = tree.view
+    owner = view.function(loop) or loop
+    for node in view.within(owner, cst.Name):
+        if view.qualify(node) == DIST_SAMPLER:
+            return True
+    return False
 
 
 def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
@@ -680,10 +787,82 @@ def _is_iterable_base(view, base: cst.BaseExpression, known: set[str]) -> bool:
 
 
 def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:
+    """Name -> the values assigned to it (`x = value`, and `with value as x`)."""
     found: dict[str, list[cst.BaseExpression]] = {}
     for assign in tree.view.find(cst.Assign):
         for target in assign.targets:
             name = dotted(target.target)
             if name:
                 found.setdefault(name, []).append(assign.value)
+    for item in tree.view.find(cst.WithItem):
+        name = dotted(item.asname.name) if item.asname is not None else None
+        if name:
+            found.setdefault(name, []).append(item.item)
     return found
+
+
+# -- what an unresolved loop iterates, for its refusal ------------------------------------
+
+
+@dataclass
+class IteratedSource:
+    """What a training loop iterates, once unwrapped: `self.train_loader`, and where its
+    value was made (`get_instance(dataloaders, 'train_loader', config)`)."""
+
+    name: str
+    made_by: cst.Call | None
+    class_chosen_at_run_time: (
+        bool  # `getattr(module, config["type"])(...)`, directly or in a helper
+    )
+
+
+def iterated_source(tree: Tree, loop: cst.For) -> IteratedSource | None:
+    """What `loop` iterates (through tqdm, enumerate, progress bars) when it is a name, and
+    the call that made it (in any module); None for `range(...)` and other calls."""
+    view = tree.view
+    bindings = _bindings(tree)
+    stream = unwrap(loop.iter, _loop_bindings(view, loop, bindings))
+    name = dotted(stream.source) if stream is not None else None
+    if name is None:
+        return None
+    sources = [name, *sorted(_arguments_for(view, loop, name))]
+    calls = [v for s in sources for v in bindings.get(s, []) if isinstance(v, cst.Call)]
+    made_by = calls[0] if calls else None
+    return IteratedSource(name, made_by, made_by is not None and _class_at_run_time(view, made_by))
+
+
+def _class_at_run_time(view, call: cst.Call) -> bool:
+    """`getattr(module, name)(...)`, `REGISTRY[name](...)`, or a helper of the project that
+    returns one of those (`get_instance(module, "train_loader", config)`)."""
+    if isinstance(call.func, (cst.Call, cst.Subscript)):
+        return True
+    callee = dotted(call.func)
+    func = view.functions().get(callee.rsplit(".", 1)[-1]) if callee else None
+    if func is None:
+        return False
+    returns = [r.value for r in view.within(func, cst.Return) if r.value is not None]
+    return bool(returns) and all(
+        isinstance(value, cst.Call) and isinstance(value.func, (cst.Call, cst.Subscript))
+        for value in returns
+    )
+
+
+def dataloader_subclasses(tree: Tree) -> list[str]:
+    """The project's classes that derive from DataLoader (directly or through one another),
+    in source order."""
+    view = tree.view
+    classes = view.find(cst.ClassDef)
+    names: list[str] = []
+    grew = True
+    while grew:
+        grew = False
+        for cls in classes:
+            if cls.name.value in names:
+                continue
+            for base in cls.bases:
+                short = (dotted(base.value) or "").rsplit(".", 1)[-1]
+                if view.qualify(base.value) == DATA_LOADER or short in names:
+                    names.append(cls.name.value)
+                    grew = True
+                    break
+    return names

@@ -23,17 +23,21 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     ITER_WRAPPERS,
     Loader,
     _bindings,
+    already_distributed,
     backward_calls,
     batch_assignments,
     bound_target,
+    dataloader_subclasses,
     hand_made_batches,
     iterable_dataset_classes,
+    iterated_source,
     local_rank_arguments,
     model_names,
     optimizer_calls,
     optimizer_names,
     project_backward_calls,
     propagate,
+    stream_batch,
     train_loaders,
     training_loops,
 )
@@ -284,6 +288,11 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
     one example at a time, which no split across ranks computes the same way."""
     line = tree.view.code(loop).strip().splitlines()[0]
     models = model_names(tree)
+    if already_distributed(tree, loop):
+        return  # its loader is sharded by whoever builds it (a DistributedSampler)
+    if stream_batch(tree, loop) is not None:
+        _refuse_carried_state(loop, models, line)
+        return
     batches = batch_assignments(loop, models)
     calls = model_calls(loop, models)
     inline = [c for c in calls if any(isinstance(a.value, cst.Subscript) for a in c.args)]
@@ -295,6 +304,8 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "a name in the loop first (`xb = x[i:i + bs]`, then `model(xb)`), and ddpify splits "
             "it by rank there",
         )
+    if not batches and isinstance(loop, cst.For):
+        _refuse_unknown_iterable(tree, loop, line)
     if not batches:
         forward = _first_line(tree.view.code(tree.view.statement(calls[0]))) if calls else None
         where = f"`{forward}` in the loop `{line}`" if forward else f"the loop `{line}`"
@@ -305,6 +316,18 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "indices `idx[RANK::WORLD_SIZE]`, weighting the loss by each shard's size), or keep "
             "it on one process",
         )
+    _refuse_carried_state(loop, models, line)
+    for batch in batches:
+        if single_example(batch.value):
+            stmt = _first_line(tree.view.code(batch.statement))
+            raise NotMigrated(
+                Shape.UNKNOWN,
+                f"`{stmt}` trains on one example per step (in `{line}`); one example cannot be "
+                "split across ranks; batch the examples (a DataLoader with a batch size) first",
+            )
+
+
+def _refuse_carried_state(loop: cst.CSTNode, models: set[str], line: str) -> None:
     state = carried_state(loop, models)
     if state:
         raise NotMigrated(
@@ -314,14 +337,36 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "the same split of that state; shard the data by rank where it is built "
             "(each rank its own rows) and size the state per rank",
         )
-    for batch in batches:
-        if single_example(batch.value):
-            stmt = _first_line(tree.view.code(batch.statement))
-            raise NotMigrated(
-                Shape.UNKNOWN,
-                f"`{stmt}` trains on one example per step (in `{line}`); one example cannot be "
-                "split across ranks; batch the examples (a DataLoader with a batch size) first",
-            )
+
+
+def _refuse_unknown_iterable(tree: Tree, loop: cst.For, line: str) -> None:
+    """The loop takes its batches from what it iterates (the loop target), and that is
+    neither a DataLoader ddpify can find nor a batch stream it can split."""
+    source = iterated_source(tree, loop)
+    if source is None:
+        return  # `for step in range(n)`: the batches do not come from the loop target
+    made = ""
+    if source.made_by is not None:
+        made = f", made by `{tree.view.code(source.made_by)}`"
+        if source.class_chosen_at_run_time:
+            made += " (a class chosen at run time, from the configuration)"
+    subclasses = dataloader_subclasses(tree)
+    if subclasses:
+        plural = "es" if len(subclasses) > 1 else ""
+        listed = ", ".join(f"`{cls}`" for cls in subclasses)
+        where = (
+            f"the project's DataLoader subclass{plural} {listed} (in `__init__`, when no "
+            "sampler is given, and for the training loader only)"
+        )
+    else:
+        where = "the code that builds the loader"
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"the training loop `{line}` iterates `{source.name}`{made}, which ddpify does not "
+        "recognise as a DataLoader or as a stream of batches it can split, so every rank "
+        f"would train on the same batches; shard it yourself: a DistributedSampler in {where}, "
+        "`sampler.set_epoch(epoch)` at the top of each epoch, then run under torchrun",
+    )
 
 
 def _spawn_worker(tree: Tree, plan: Plan) -> None:

@@ -132,6 +132,7 @@ def _returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set)
     if func is None:
         return set()
     returns = [r for r in tree.within(func, cst.Return) if r.value is not None]
+    names = names - {None}  # `return DataParallel(...)` binds no name: dotted() is None
     if not any(dotted(r.value) in names for r in returns):
         return set()
     trained = trained_model_names(tree)
