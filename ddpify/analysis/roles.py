@@ -446,6 +446,89 @@ def stored_models(tree: Tree) -> list[tuple[str, cst.BaseStatement]]:
     return found
 
 
+def returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) -> set[str]:
+    """`model = DataParallel(model)` in a builder that returns `model` (or `return
+    DataParallel(...)` itself), where a caller keeps the result as the trained model
+    (`self.model = self._build_model().to(dev)`): the names the callers keep it in."""
+    func = tree.function(statement)
+    if func is None:
+        return set()
+    named = names - {None}
+    returns = [r for r in tree.within(func, cst.Return) if r.value is not None]
+    if not any(r is _small(statement) or dotted(r.value) in named for r in returns):
+        return set()
+    trained = trained_model_names(tree)
+    name = func.name.value
+    kept = set()
+    for call in tree.view.find(cst.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
+            target = bound_target(tree, call)
+            if target in trained and _holds_trained(tree, call, target):
+                kept.add(target)
+    return kept
+
+
+def _small(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
+
+
+def _holds_trained(tree: Tree, call: cst.Call, target: str) -> bool:
+    """`self.model = self.load_model()` holds the trained model only in a class that trains
+    it or is handed it (`Trainer(model)`), not in an evaluator whose own `self.model` is a
+    frozen feature extractor that happens to share the name."""
+    view = tree.view
+    cls = class_of(view, call) if target.startswith("self.") else None
+    if cls is None:
+        return True
+    family = _class_family(view, cls)
+    for optimizer in _optimizer_calls(view):
+        around = class_of(view, optimizer)
+        if around in family and target in trained_owners(view, optimizer):
+            return True
+    owner = view.owner(call) if hasattr(view, "owner") else tree
+    return any(
+        name == target and view.inside(statement, cls)
+        for name, statement in stored_models(owner or tree)
+    )
+
+
+def _class_family(view, cls: cst.ClassDef) -> list[cst.ClassDef]:
+    """`cls`, the project's classes it derives from, and those that derive from it (by
+    name: `class Exp_Forecast(Exp_Basic)`), where `self.` means the same object."""
+    classes = view.find(cst.ClassDef)
+
+    def bases(c: cst.ClassDef) -> set[str]:
+        return {(dotted(b.value) or "").rsplit(".", 1)[-1] for b in c.bases}
+
+    family = [cls]
+    grew = True
+    while grew:
+        grew = False
+        names = {c.name.value for c in family}
+        ancestors = set().union(*(bases(c) for c in family))
+        for c in classes:
+            if c not in family and (bases(c) & names or c.name.value in ancestors):
+                family.append(c)
+                grew = True
+    return family
+
+
+def data_parallel_of_trained(tree: Tree, call: cst.Call, entry: bool) -> bool:
+    """Whether `DataParallel(...)` wraps a model that trains: in the entry script always;
+    in an imported module when it wraps a trained name or a builder returns it into one
+    (a frozen feature extractor under DataParallel in a metrics module does not)."""
+    if entry or not call.args:
+        return True
+    inner = tree.view.code(call.args[0].value)
+    target = bound_target(tree, call)
+    if {inner, target} & trained_model_names(tree):
+        return True
+    statement = tree.view.statement(call)
+    return statement is not None and bool(returned_into_trained(tree, statement, {inner, target}))
+
+
 def _enclosing_loader(tree: Tree, loop: cst.For, every: list[Loader]) -> Loader | None:
     current = tree.parent.get(loop)
     while current is not None and not isinstance(current, cst.FunctionDef):
@@ -680,15 +763,22 @@ def _attribute_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
     cls = class_of(tree, func)
     if cls is None:
         return set()
+    found = _stored_from(tree, [cls], name)
+    # Else from a base class (`BaseTrainer.__init__` stores what `Trainer` loops over).
+    return found or _stored_from(tree, _class_family(tree.view, cls)[1:], name)
+
+
+def _stored_from(tree, classes: list[cst.ClassDef], name: str) -> set[str]:
     found = set()
-    for assign in tree.within(cls, cst.Assign):
-        if not isinstance(assign.value, cst.Name):
-            continue
-        if any(dotted(t.target) == name for t in assign.targets):
-            method = tree.function(assign)
-            found.add(assign.value.value)
-            if method is not None:
-                found |= _parameter_sources(tree, method, assign.value.value)
+    for cls in classes:
+        for assign in tree.view.within(cls, cst.Assign):
+            if not isinstance(assign.value, cst.Name):
+                continue
+            if any(dotted(t.target) == name for t in assign.targets):
+                method = tree.view.function(assign)
+                found.add(assign.value.value)
+                if method is not None:
+                    found |= _parameter_sources(tree, method, assign.value.value)
     return found
 
 
@@ -827,7 +917,10 @@ def iterated_source(tree: Tree, loop: cst.For) -> IteratedSource | None:
         return None
     sources = [name, *sorted(_arguments_for(view, loop, name))]
     calls = [v for s in sources for v in bindings.get(s, []) if isinstance(v, cst.Call)]
-    made_by = calls[0] if calls else None
+    # Not a wrapper around another of those names (`DataPrefetcher(train_loader)` on GPUs):
+    # the call that made the loader in the first place.
+    origins = [c for c in calls if not any(dotted(a.value) in sources for a in c.args)]
+    made_by = (origins or calls or [None])[0]
     return IteratedSource(name, made_by, made_by is not None and _class_at_run_time(view, made_by))
 
 
@@ -847,22 +940,33 @@ def _class_at_run_time(view, call: cst.Call) -> bool:
     )
 
 
-def dataloader_subclasses(tree: Tree) -> list[str]:
-    """The project's classes that derive from DataLoader (directly or through one another),
-    in source order."""
+def dataloader_subclasses(tree: Tree) -> dict[str, list[str]]:
+    """The project's classes that derive from DataLoader directly, each with the classes
+    that derive from it in turn (`BaseDataLoader` -> `VOC`, `COCO`), in source order."""
     view = tree.view
     classes = view.find(cst.ClassDef)
-    names: list[str] = []
+    root_of: dict[str, str] = {}
     grew = True
     while grew:
         grew = False
         for cls in classes:
-            if cls.name.value in names:
+            if cls.name.value in root_of:
                 continue
             for base in cls.bases:
                 short = (dotted(base.value) or "").rsplit(".", 1)[-1]
-                if view.qualify(base.value) == DATA_LOADER or short in names:
-                    names.append(cls.name.value)
-                    grew = True
-                    break
-    return names
+                if view.qualify(base.value) == DATA_LOADER:
+                    root_of[cls.name.value] = cls.name.value
+                elif short in root_of:
+                    root_of[cls.name.value] = root_of[short]
+                else:
+                    continue
+                grew = True
+                break
+    found: dict[str, list[str]] = {}
+    for cls in classes:
+        root = root_of.get(cls.name.value)
+        if root is not None:
+            found.setdefault(root, [])
+            if root != cls.name.value:
+                found[root].append(cls.name.value)
+    return found

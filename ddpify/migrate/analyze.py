@@ -27,6 +27,7 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     backward_calls,
     batch_assignments,
     bound_target,
+    data_parallel_of_trained,
     dataloader_subclasses,
     hand_made_batches,
     iterable_dataset_classes,
@@ -142,7 +143,11 @@ def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
         return Shape.LAUNCH, None
     if tree.view.calls_to(INIT_PG, DDP):
         return Shape.TORCHRUN, None
-    if tree.view.calls_to(DATA_PARALLEL):
+    if any(
+        data_parallel_of_trained(t, call, t is tree)
+        for t in trees
+        for call in t.calls_to(DATA_PARALLEL)
+    ):
         return Shape.DATA_PARALLEL, None
     return Shape.SINGLE, None
 
@@ -352,11 +357,15 @@ def _refuse_unknown_iterable(tree: Tree, loop: cst.For, line: str) -> None:
             made += " (a class chosen at run time, from the configuration)"
     subclasses = dataloader_subclasses(tree)
     if subclasses:
-        plural = "es" if len(subclasses) > 1 else ""
-        listed = ", ".join(f"`{cls}`" for cls in subclasses)
+        named = []
+        for root, derived in subclasses.items():
+            shown = ", ".join(f"`{name}`" for name in derived[:4])
+            more = ", ..." if len(derived) > 4 else ""
+            named.append(f"`{root}`" + (f" (the base of {shown}{more})" if derived else ""))
+        plural = "es" if len(named) > 1 else ""
         where = (
-            f"the project's DataLoader subclass{plural} {listed} (in `__init__`, when no "
-            "sampler is given, and for the training loader only)"
+            f"the project's DataLoader subclass{plural} {' and '.join(named)}, where it hands "
+            "its sampler to DataLoader (when none is set, and for the training loader only)"
         )
     else:
         where = "the code that builds the loader"
