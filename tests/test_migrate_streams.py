@@ -136,3 +136,23 @@ def test_a_loader_whose_class_comes_from_the_config_is_refused_with_where_to_sha
     ) in reason
     assert "DataLoader subclass `BaseLoader` (the base of `Points`)" in reason
     assert "set_epoch" in reason and "full-batch" not in reason
+
+
+def test_a_loop_that_handles_a_distributed_sampler_is_not_skipped_when_it_is_the_only_one():
+    """Beside a loop ddpify shards, a library trainer's loop that sets the epoch of its own
+    DistributedSampler is left alone (ddpm-style packages ship one); alone, it may be the
+    loop that trains, on a loader built without that sampler: refused, not trusted."""
+    source = (
+        HEADER + "from torch.utils.data.distributed import DistributedSampler\n\n\n"
+        "class Stream:\n"
+        "    def __iter__(self):\n"
+        "        for i in range(0, 64, 8):\n"
+        "            yield data[i : i + 8]\n\n\n"
+        "def train(loader, sampler=None):\n"
+        "    if isinstance(sampler, DistributedSampler):\n"
+        "        sampler.set_epoch(0)\n" + STEP.format(iterable="loader") + "\n\n"
+        "train(Stream())\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert not result.migrated
+    assert "the training loop `for xb in loader:` iterates `loader`" in result.reason

@@ -270,8 +270,18 @@ def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.
             "cannot find the loop that feeds the training step; without it the data cannot be "
             "sharded, and every rank would train on the same batches",
         )
+    # A loop whose own function handles a DistributedSampler (a library's DDP-aware trainer
+    # that the project imports) is left as it is, but only beside a loop ddpify does shard:
+    # alone, it may be the one that trains, on a loader built without that sampler.
+    models = model_names(tree)
+    fed = bool(loaders) or any(
+        stream_batch(tree, loop) or batch_assignments(loop, models)
+        for loop in unresolved
+        if not already_distributed(tree, loop)
+    )
     for loop in unresolved:
-        _refuse_unsplittable_batches(tree, loop)
+        if not (fed and already_distributed(tree, loop)):
+            _refuse_unsplittable_batches(tree, loop)
     iterable = iterable_dataset_classes(tree)
     for loader in loaders:
         dataset = find_arg(loader.call, "dataset", 0)
@@ -293,8 +303,6 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
     one example at a time, which no split across ranks computes the same way."""
     line = tree.view.code(loop).strip().splitlines()[0]
     models = model_names(tree)
-    if already_distributed(tree, loop):
-        return  # its loader is sharded by whoever builds it (a DistributedSampler)
     if stream_batch(tree, loop) is not None:
         _refuse_carried_state(loop, models, line)
         return
