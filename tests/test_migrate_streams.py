@@ -156,3 +156,56 @@ def test_a_loop_that_handles_a_distributed_sampler_is_not_skipped_when_it_is_the
     result = migrate_source(source, "t.py")
     assert not result.migrated
     assert "the training loop `for xb in loader:` iterates `loader`" in result.reason
+
+
+def test_a_frozen_extractor_under_dataparallel_in_a_metrics_module_leaves_the_model_wrapped(
+    tmp_path,
+):
+    """The ddpm-style package: its FID module puts a frozen feature extractor under
+    DataParallel and keeps it as its own `self.model`; the project is not a DataParallel
+    one for that, and the model that trains is wrapped in DDP."""
+    migration = _project(
+        tmp_path,
+        {
+            "metrics.py": (
+                "import torch\nimport torch.nn as nn\n\n\n"
+                "class FeatureStats:\n"
+                "    def __init__(self, device):\n"
+                "        self.device = device\n"
+                "        self.model = self.load_model()\n\n"
+                "    def load_model(self):\n"
+                "        net = nn.Linear(2, 4).requires_grad_(False)\n"
+                "        if isinstance(self.device, list):\n"
+                "            return nn.DataParallel(nn.Sequential(net), device_ids=self.device)\n"
+                "        return net\n"
+            ),
+            "trainer.py": (
+                "import torch\n\n\n"
+                "class Trainer:\n"
+                "    def __init__(self, model, optimizer):\n"
+                "        self.model = model\n"
+                "        self.optimizer = optimizer\n\n"
+                "    def fit(self, batches):\n"
+                "        for x in batches:\n"
+                "            self.optimizer.zero_grad()\n"
+                "            self.model(x).pow(2).mean().backward()\n"
+                "            self.optimizer.step()\n"
+            ),
+            "train.py": (
+                "import torch\nimport metrics\nfrom trainer import Trainer\n\n\n"
+                "def chunks(data, size):\n"
+                "    for i in range(0, len(data), size):\n"
+                "        yield data[i : i + size]\n\n\n"
+                "model = torch.nn.Linear(2, 1)\n"
+                "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "stream = chunks(torch.randn(32, 2), 8)\n"
+                "trainer = Trainer(model, optimizer)\n"
+                "trainer.fit(stream)\n"
+            ),
+        },
+    )
+    assert migration.migrated, migration.entry.reason
+    assert migration.entry.shape == "single-GPU"
+    assert "model = DDP(model" in migration.entry.output
+    extractor = next(r for r in migration.results if r.filename.endswith("metrics.py"))
+    assert "nn.DataParallel(nn.Sequential(net)" in extractor.output
