@@ -198,9 +198,8 @@ def test_a_frozen_extractor_under_dataparallel_in_a_metrics_module_leaves_the_mo
                 "        yield data[i : i + size]\n\n\n"
                 "model = torch.nn.Linear(2, 1)\n"
                 "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                "stream = chunks(torch.randn(32, 2), 8)\n"
                 "trainer = Trainer(model, optimizer)\n"
-                "trainer.fit(stream)\n"
+                "trainer.fit(chunks(torch.randn(32, 2), 8))\n"
             ),
         },
     )
@@ -209,3 +208,6 @@ def test_a_frozen_extractor_under_dataparallel_in_a_metrics_module_leaves_the_mo
     assert "model = DDP(model" in migration.entry.output
     extractor = next(r for r in migration.results if r.filename.endswith("metrics.py"))
     assert "nn.DataParallel(nn.Sequential(net)" in extractor.output
+    # The generator handed straight to `fit` is a batch stream too: split in the loop.
+    trainer = next(r for r in migration.results if r.filename.endswith("trainer.py"))
+    assert SPLIT_X in trainer.output

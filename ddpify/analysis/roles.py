@@ -668,6 +668,9 @@ def stream_batch(tree: Tree, loop: cst.For | cst.While) -> StreamBatch | None:
             return None
         sources = {name} | _arguments_for(view, loop, name)
         values = [value for source in sources for value in bindings.get(source, [])]
+        func = view.function(loop)
+        if func is not None:  # `trainer.fit(chunks(x, 8))`: the stream made at the call
+            values += _parameter_arguments(view, func, name)
         if any(view.qualify(v.func) == DATA_LOADER for v in values if isinstance(v, cst.Call)):
             return None
         found = {maker_of(value, makers) for value in values} - {None}
@@ -738,23 +741,29 @@ def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
 
 
 def _parameter_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
+    found = {dotted(value) for value in _parameter_arguments(tree, func, name)}
+    return found - {None}  # type: ignore[return-value]
+
+
+def _parameter_arguments(tree, func: cst.FunctionDef, name: str) -> list[cst.BaseExpression]:
+    """What the callers of `func` pass for its parameter `name`, as written."""
     params = [p.name.value for p in func.params.params]
     if name not in params:
-        return set()
+        return []
     index = params.index(name)
     offset = 1 if params and params[0] in ("self", "cls") else 0
     called = func.name.value
     if called == "__init__":
         cls = class_of(tree, func)
         called = cls.name.value if cls is not None else called
-    found = set()
+    found = []
     for call in tree.find(cst.Call):
         callee = dotted(call.func)
         if callee is None or callee.rsplit(".", 1)[-1] != called:
             continue
         arg = find_arg(call, name, index - offset)
-        if arg is not None and dotted(arg.value):
-            found.add(dotted(arg.value))  # type: ignore[arg-type]
+        if arg is not None:
+            found.append(arg.value)
     return found
 
 
