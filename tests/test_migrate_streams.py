@@ -132,7 +132,7 @@ def test_a_loader_whose_class_comes_from_the_config_is_refused_with_where_to_sha
     assert (
         "the training loop `for batch_idx, (data, target) in enumerate(tbar):` iterates "
         "`self.train_loader`, made by `get_instance(loaders, 'train_loader', config)` "
-        "(a class chosen at run time, from the configuration)"
+        "(its class is chosen at run time)"
     ) in reason
     assert "DataLoader subclass `BaseLoader` (the base of `Points`)" in reason
     assert "set_epoch" in reason and "full-batch" not in reason

@@ -362,27 +362,32 @@ def _refuse_unknown_iterable(tree: Tree, loop: cst.For, line: str) -> None:
     if source.made_by is not None:
         made = f", made by `{tree.view.code(source.made_by)}`"
         if source.class_chosen_at_run_time:
-            made += " (a class chosen at run time, from the configuration)"
-    subclasses = dataloader_subclasses(tree)
-    if subclasses:
-        named = []
-        for root, derived in subclasses.items():
-            shown = ", ".join(f"`{name}`" for name in derived[:4])
-            more = ", ..." if len(derived) > 4 else ""
-            named.append(f"`{root}`" + (f" (the base of {shown}{more})" if derived else ""))
-        plural = "es" if len(named) > 1 else ""
-        where = (
-            f"the project's DataLoader subclass{plural} {' and '.join(named)}, where it hands "
-            "its sampler to DataLoader (when none is set, and for the training loader only)"
-        )
-    else:
-        where = "the code that builds the loader"
+            made += " (its class is chosen at run time)"
+    where = _where_to_shard(tree)
     raise NotMigrated(
         Shape.UNKNOWN,
         f"the training loop `{line}` iterates `{source.name}`{made}, which ddpify does not "
         "recognise as a DataLoader or as a stream of batches it can split, so every rank "
         f"would train on the same batches; shard it yourself: a DistributedSampler in {where}, "
         "`sampler.set_epoch(epoch)` at the top of each epoch, then run under torchrun",
+    )
+
+
+def _where_to_shard(tree: Tree) -> str:
+    """The project's DataLoader subclasses, when it has some: their constructors hand a
+    sampler to DataLoader, which is where a DistributedSampler goes."""
+    subclasses = dataloader_subclasses(tree)
+    if not subclasses:
+        return "the code that builds the loader"
+    named = []
+    for root, derived in subclasses.items():
+        shown = ", ".join(f"`{name}`" for name in derived[:4])
+        more = ", ..." if len(derived) > 4 else ""
+        named.append(f"`{root}`" + (f" (the base of {shown}{more})" if derived else ""))
+    plural = "es" if len(named) > 1 else ""
+    return (
+        f"the project's DataLoader subclass{plural} {' and '.join(named)}, where it hands "
+        "its sampler to DataLoader (when none is set, and for the training loader only)"
     )
 
 
