@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker_of, unwrap
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.streams import batch_stream_makers, item_names, maker_of, unwrap
 from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
 from ddpify.analysis.tree import Tree
 from ddpify.walk import children
