@@ -10,10 +10,12 @@ rewriting stays in the module asked about.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker_of, unwrap
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.names import dotted, find_arg, method_name
@@ -28,6 +30,7 @@ DIST_SAMPLER = "torch.utils.data.DistributedSampler"
 ITERABLE_DATASET = "torch.utils.data.IterableDataset"
 # Wrappers around the loader in `for batch in tqdm(enumerate(loader))`.
 ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
+_SCHEDULER_OR_OPTIMIZER = re.compile(r"sched|optim", re.I)
 # Training loops: `for` over batches or epochs, `while step < max_iters` step loops.
 LOOPS = (cst.For, cst.While)
 
@@ -315,7 +318,12 @@ def _loop_over_data(view, loop: cst.While) -> cst.For | cst.While:
 def _calls_of(view, func: cst.FunctionDef) -> list[cst.Call]:
     def calls_func(call: cst.Call) -> bool:
         callee = dotted(call.func)
-        return callee is not None and callee.rsplit(".", 1)[-1] == func.name.value
+        if callee is None or callee.rsplit(".", 1)[-1] != func.name.value:
+            return False
+        # `scheduler.step()`, `self.optimizer.step()`: an LR scheduler's or optimizer's own
+        # `step`, never a training-step helper that happens to share the name.
+        owner = callee.rsplit(".", 1)[0].rsplit(".", 1)[-1] if "." in callee else ""
+        return not _SCHEDULER_OR_OPTIMIZER.search(owner)
 
     return [call for call in view.find(cst.Call, calls_func) if not view.inside(call, func)]
 
@@ -439,6 +447,89 @@ def stored_models(tree: Tree) -> list[tuple[str, cst.BaseStatement]]:
     return found
 
 
+def returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) -> set[str]:
+    """`model = DataParallel(model)` in a builder that returns `model` (or `return
+    DataParallel(...)` itself), where a caller keeps the result as the trained model
+    (`self.model = self._build_model().to(dev)`): the names the callers keep it in."""
+    func = tree.function(statement)
+    if func is None:
+        return set()
+    named = names - {None}
+    returns = [r for r in tree.within(func, cst.Return) if r.value is not None]
+    if not any(r is _small(statement) or dotted(r.value) in named for r in returns):
+        return set()
+    trained = trained_model_names(tree)
+    name = func.name.value
+    kept = set()
+    for call in tree.view.find(cst.Call):
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
+            target = bound_target(tree, call)
+            if target in trained and _holds_trained(tree, call, target):
+                kept.add(target)
+    return kept
+
+
+def _small(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
+
+
+def _holds_trained(tree: Tree, call: cst.Call, target: str) -> bool:
+    """`self.model = self.load_model()` holds the trained model only in a class that trains
+    it or is handed it (`Trainer(model)`), not in an evaluator whose own `self.model` is a
+    frozen feature extractor that happens to share the name."""
+    view = tree.view
+    cls = class_of(view, call) if target.startswith("self.") else None
+    if cls is None:
+        return True
+    family = _class_family(view, cls)
+    for optimizer in _optimizer_calls(view):
+        around = class_of(view, optimizer)
+        if around in family and target in trained_owners(view, optimizer):
+            return True
+    owner = view.owner(call) if hasattr(view, "owner") else tree
+    return any(
+        name == target and view.inside(statement, cls)
+        for name, statement in stored_models(owner or tree)
+    )
+
+
+def _class_family(view, cls: cst.ClassDef) -> list[cst.ClassDef]:
+    """`cls`, the project's classes it derives from, and those that derive from it (by
+    name: `class Exp_Forecast(Exp_Basic)`), where `self.` means the same object."""
+    classes = view.find(cst.ClassDef)
+
+    def bases(c: cst.ClassDef) -> set[str]:
+        return {(dotted(b.value) or "").rsplit(".", 1)[-1] for b in c.bases}
+
+    family = [cls]
+    grew = True
+    while grew:
+        grew = False
+        names = {c.name.value for c in family}
+        ancestors = set().union(*(bases(c) for c in family))
+        for c in classes:
+            if c not in family and (bases(c) & names or c.name.value in ancestors):
+                family.append(c)
+                grew = True
+    return family
+
+
+def data_parallel_of_trained(tree: Tree, call: cst.Call, entry: bool) -> bool:
+    """Whether `DataParallel(...)` wraps a model that trains: in the entry script always;
+    in an imported module when it wraps a trained name or a builder returns it into one
+    (a frozen feature extractor under DataParallel in a metrics module does not)."""
+    if entry or not call.args:
+        return True
+    inner = tree.view.code(call.args[0].value)
+    target = bound_target(tree, call)
+    if {inner, target} & trained_model_names(tree):
+        return True
+    statement = tree.view.statement(call)
+    return statement is not None and bool(returned_into_trained(tree, statement, {inner, target}))
+
+
 def _enclosing_loader(tree: Tree, loop: cst.For, every: list[Loader]) -> Loader | None:
     current = tree.parent.get(loop)
     while current is not None and not isinstance(current, cst.FunctionDef):
@@ -531,10 +622,112 @@ def hand_made_batches(tree: Tree) -> list[BatchAssignment]:
 
 
 def project_has_hand_made_batches(tree: Tree) -> bool:
-    """Whether any module of the project shards hand-made batches (the global batch then
-    stays the original's, and so does the learning rate, in every module)."""
+    """Whether any module of the project shards hand-made batches or the batches of a
+    batch stream (the global batch then stays the original's, and so does the learning
+    rate, in every module)."""
     trees = getattr(tree.view, "trees", [tree])
-    return any(hand_made_batches(t) for t in trees)
+    return any(hand_made_batches(t) or stream_batches(t) for t in trees)
+
+
+# -- batch streams: loops over an iterable of the project that yields whole batches --------
+
+
+@dataclass
+class StreamBatch:
+    """`for i, x in enumerate(tqdm(stream))` over a batch stream: the batch enters the step
+    at the loop target (`x`), where a migration splits it by rank."""
+
+    loop: cst.For
+    names: list[str]  # the names the loop target binds to one batch (`x`; `x, y`)
+    maker: str  # the class or generator function of the project that makes the stream
+
+
+def stream_batches(tree: Tree) -> list[StreamBatch]:
+    """The loops of this module, fed by no DataLoader, that iterate a batch stream."""
+    _, unresolved = train_loaders(tree)
+    found = [stream_batch(tree, loop) for loop in unresolved]
+    return [batch for batch in found if batch is not None]
+
+
+def stream_batch(tree: Tree, loop: cst.For | cst.While) -> StreamBatch | None:
+    """The batch stream `loop` iterates, directly (`for x in batches(data, bs)`) or through
+    the name it iterates (`self.trainloader`, handed to the class as `trainloader =
+    DataStreamer(...)` in another module); None when it is not one, or is ambiguous."""
+    if not isinstance(loop, cst.For) or already_distributed(tree, loop):
+        return None
+    view = tree.view
+    bindings = _bindings(tree)
+    stream = unwrap(loop.iter, _loop_bindings(view, loop, bindings))
+    names = item_names(loop.target, stream.enumerates) if stream is not None else None
+    if stream is None or not names or _split_at_target(loop, names):
+        return None
+    makers = _cached(view, "stream_makers", lambda: frozenset(_stream_makers(view)))
+    maker = maker_of(stream.source, makers)
+    if maker is None:
+        name = dotted(stream.source)
+        if name is None:
+            return None
+        sources = {name} | _arguments_for(view, loop, name)
+        values = [value for source in sources for value in bindings.get(source, [])]
+        func = view.function(loop)
+        if func is not None:  # `trainer.fit(chunks(x, 8))`: the stream made at the call
+            values += _parameter_arguments(view, func, name)
+        if any(view.qualify(v.func) == DATA_LOADER for v in values if isinstance(v, cst.Call)):
+            return None
+        found = {maker_of(value, makers) for value in values} - {None}
+        if len(found) != 1:
+            return None
+        maker = found.pop()  # type: ignore[assignment]
+    return StreamBatch(loop, names, maker)  # type: ignore[arg-type]
+
+
+def _loop_bindings(view, loop: cst.For, bindings) -> dict[str, list[cst.BaseExpression]]:
+    """`bindings`, with a plain name bound in the loop's own function only by the values
+    bound there (`t` in `with tqdm(self.loader) as t`, which other methods bind too)."""
+    func = view.function(loop)
+    if func is None:
+        return bindings
+    local: dict[str, list[cst.BaseExpression]] = {}
+    for node in view.within(func, (cst.Assign, cst.WithItem)):
+        if isinstance(node, cst.Assign):
+            pairs = [(dotted(t.target), node.value) for t in node.targets]
+        else:
+            asname = node.asname.name if node.asname is not None else None
+            pairs = [(dotted(asname) if asname is not None else None, node.item)]
+        for name, value in pairs:
+            if name and "." not in name:
+                local.setdefault(name, []).append(value)
+    return {**bindings, **local}
+
+
+def _stream_makers(view) -> set[str]:
+    return batch_stream_makers(view.find(cst.ClassDef), view.find(cst.FunctionDef))
+
+
+def _split_at_target(loop: cst.For, names: list[str]) -> bool:
+    """The loop already splits its batch by the world size (`x = x[... WORLD_SIZE ...]`)."""
+    for statement in loop.body.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if (
+                    isinstance(small, cst.Assign)
+                    and any(dotted(t.target) in names for t in small.targets)
+                    and "WORLD_SIZE" in names_read(small.value)
+                ):
+                    return True
+    return False
+
+
+def already_distributed(tree: Tree, loop: cst.For | cst.While) -> bool:
+    """The function that runs the loop deals with a DistributedSampler itself
+    (`if isinstance(self.sampler, DistributedSampler): self.sampler.set_epoch(e)`): its
+    data are sharded by whoever built its loader, and the loop is left as it is."""
+    view = tree.view
+    owner = view.function(loop) or loop
+    for node in view.within(owner, cst.Name):
+        if view.qualify(node) == DIST_SAMPLER:
+            return True
+    return False
 
 
 def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
@@ -549,23 +742,29 @@ def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
 
 
 def _parameter_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
+    found = {dotted(value) for value in _parameter_arguments(tree, func, name)}
+    return found - {None}  # type: ignore[return-value]
+
+
+def _parameter_arguments(tree, func: cst.FunctionDef, name: str) -> list[cst.BaseExpression]:
+    """What the callers of `func` pass for its parameter `name`, as written."""
     params = [p.name.value for p in func.params.params]
     if name not in params:
-        return set()
+        return []
     index = params.index(name)
     offset = 1 if params and params[0] in ("self", "cls") else 0
     called = func.name.value
     if called == "__init__":
         cls = class_of(tree, func)
         called = cls.name.value if cls is not None else called
-    found = set()
+    found = []
     for call in tree.find(cst.Call):
         callee = dotted(call.func)
         if callee is None or callee.rsplit(".", 1)[-1] != called:
             continue
         arg = find_arg(call, name, index - offset)
-        if arg is not None and dotted(arg.value):
-            found.add(dotted(arg.value))  # type: ignore[arg-type]
+        if arg is not None:
+            found.append(arg.value)
     return found
 
 
@@ -574,15 +773,22 @@ def _attribute_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
     cls = class_of(tree, func)
     if cls is None:
         return set()
+    found = _stored_from(tree, [cls], name)
+    # Else from a base class (`BaseTrainer.__init__` stores what `Trainer` loops over).
+    return found or _stored_from(tree, _class_family(tree.view, cls)[1:], name)
+
+
+def _stored_from(tree, classes: list[cst.ClassDef], name: str) -> set[str]:
     found = set()
-    for assign in tree.within(cls, cst.Assign):
-        if not isinstance(assign.value, cst.Name):
-            continue
-        if any(dotted(t.target) == name for t in assign.targets):
-            method = tree.function(assign)
-            found.add(assign.value.value)
-            if method is not None:
-                found |= _parameter_sources(tree, method, assign.value.value)
+    for cls in classes:
+        for assign in tree.view.within(cls, cst.Assign):
+            if not isinstance(assign.value, cst.Name):
+                continue
+            if any(dotted(t.target) == name for t in assign.targets):
+                method = tree.view.function(assign)
+                found.add(assign.value.value)
+                if method is not None:
+                    found |= _parameter_sources(tree, method, assign.value.value)
     return found
 
 
@@ -697,10 +903,96 @@ def _is_iterable_base(view, base: cst.BaseExpression, known: set[str]) -> bool:
 
 
 def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:
+    """Name -> the values assigned to it (`x = value`, and `with value as x`)."""
     found: dict[str, list[cst.BaseExpression]] = {}
     for assign in tree.view.find(cst.Assign):
         for target in assign.targets:
             name = dotted(target.target)
             if name:
                 found.setdefault(name, []).append(assign.value)
+    for item in tree.view.find(cst.WithItem):
+        name = dotted(item.asname.name) if item.asname is not None else None
+        if name:
+            found.setdefault(name, []).append(item.item)
+    return found
+
+
+# -- what an unresolved loop iterates, for its refusal ------------------------------------
+
+
+@dataclass
+class IteratedSource:
+    """What a training loop iterates, once unwrapped: `self.train_loader`, and where its
+    value was made (`get_instance(dataloaders, 'train_loader', config)`)."""
+
+    name: str
+    made_by: cst.Call | None
+    class_chosen_at_run_time: (
+        bool  # `getattr(module, config["type"])(...)`, directly or in a helper
+    )
+
+
+def iterated_source(tree: Tree, loop: cst.For) -> IteratedSource | None:
+    """What `loop` iterates (through tqdm, enumerate, progress bars) when it is a name, and
+    the call that made it (in any module); None for `range(...)` and other calls."""
+    view = tree.view
+    bindings = _bindings(tree)
+    stream = unwrap(loop.iter, _loop_bindings(view, loop, bindings))
+    name = dotted(stream.source) if stream is not None else None
+    if name is None:
+        return None
+    sources = [name, *sorted(_arguments_for(view, loop, name))]
+    calls = [v for s in sources for v in bindings.get(s, []) if isinstance(v, cst.Call)]
+    # Not a wrapper around another of those names (`DataPrefetcher(train_loader)` on GPUs):
+    # the call that made the loader in the first place.
+    origins = [c for c in calls if not any(dotted(a.value) in sources for a in c.args)]
+    made_by = (origins or calls or [None])[0]
+    return IteratedSource(name, made_by, made_by is not None and _class_at_run_time(view, made_by))
+
+
+def _class_at_run_time(view, call: cst.Call) -> bool:
+    """`getattr(module, name)(...)`, `REGISTRY[name](...)`, or a helper of the project that
+    returns one of those (`get_instance(module, "train_loader", config)`)."""
+    if isinstance(call.func, (cst.Call, cst.Subscript)):
+        return True
+    callee = dotted(call.func)
+    func = view.functions().get(callee.rsplit(".", 1)[-1]) if callee else None
+    if func is None:
+        return False
+    returns = [r.value for r in view.within(func, cst.Return) if r.value is not None]
+    return bool(returns) and all(
+        isinstance(value, cst.Call) and isinstance(value.func, (cst.Call, cst.Subscript))
+        for value in returns
+    )
+
+
+def dataloader_subclasses(tree: Tree) -> dict[str, list[str]]:
+    """The project's classes that derive from DataLoader directly, each with the classes
+    that derive from it in turn (`BaseDataLoader` -> `VOC`, `COCO`), in source order."""
+    view = tree.view
+    classes = view.find(cst.ClassDef)
+    root_of: dict[str, str] = {}
+    grew = True
+    while grew:
+        grew = False
+        for cls in classes:
+            if cls.name.value in root_of:
+                continue
+            for base in cls.bases:
+                short = (dotted(base.value) or "").rsplit(".", 1)[-1]
+                if view.qualify(base.value) == DATA_LOADER:
+                    root_of[cls.name.value] = cls.name.value
+                elif short in root_of:
+                    root_of[cls.name.value] = root_of[short]
+                else:
+                    continue
+                grew = True
+                break
+    found: dict[str, list[str]] = {}
+    for cls in classes:
+        root = root_of.get(cls.name.value)
+        if root is not None:
+            found.setdefault(root, [])
+            if root != cls.name.value:
+                found[root].append(cls.name.value)
     return found

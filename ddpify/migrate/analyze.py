@@ -23,16 +23,21 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     ITER_WRAPPERS,
     Loader,
     _bindings,
+    already_distributed,
     backward_calls,
     batch_assignments,
     bound_target,
+    data_parallel_of_trained,
+    dataloader_subclasses,
     hand_made_batches,
+    iterated_source,
     local_rank_arguments,
     model_names,
     optimizer_calls,
     optimizer_names,
     project_backward_calls,
     propagate,
+    stream_batch,
     train_loaders,
     training_loops,
 )
@@ -138,7 +143,11 @@ def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
         return Shape.LAUNCH, None
     if tree.view.calls_to(INIT_PG, DDP):
         return Shape.TORCHRUN, None
-    if tree.view.calls_to(DATA_PARALLEL):
+    if any(
+        data_parallel_of_trained(t, call, t is tree)
+        for t in trees
+        for call in t.calls_to(DATA_PARALLEL)
+    ):
         return Shape.DATA_PARALLEL, None
     return Shape.SINGLE, None
 
@@ -261,8 +270,18 @@ def _refuse_unshardable(tree: Tree, loaders: list[Loader], unresolved: list[cst.
             "cannot find the loop that feeds the training step; without it the data cannot be "
             "sharded, and every rank would train on the same batches",
         )
+    # A loop whose own function handles a DistributedSampler (a library's DDP-aware trainer
+    # that the project imports) is left as it is, but only beside a loop ddpify does shard:
+    # alone, it may be the one that trains, on a loader built without that sampler.
+    models = model_names(tree)
+    fed = bool(loaders) or any(
+        stream_batch(tree, loop) or batch_assignments(loop, models)
+        for loop in unresolved
+        if not already_distributed(tree, loop)
+    )
     for loop in unresolved:
-        _refuse_unsplittable_batches(tree, loop)
+        if not (fed and already_distributed(tree, loop)):
+            _refuse_unsplittable_batches(tree, loop)
     for loader in loaders:
         _refuse_unshardable_stream(tree, loader)
 
@@ -297,6 +316,9 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
     one example at a time, which no split across ranks computes the same way."""
     line = tree.view.code(loop).strip().splitlines()[0]
     models = model_names(tree)
+    if stream_batch(tree, loop) is not None:
+        _refuse_carried_state(loop, models, line)
+        return
     batches = batch_assignments(loop, models)
     calls = model_calls(loop, models)
     inline = [c for c in calls if any(isinstance(a.value, cst.Subscript) for a in c.args)]
@@ -308,6 +330,8 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "a name in the loop first (`xb = x[i:i + bs]`, then `model(xb)`), and ddpify splits "
             "it by rank there",
         )
+    if not batches and isinstance(loop, cst.For):
+        _refuse_unknown_iterable(tree, loop, line)
     if not batches:
         forward = _first_line(tree.view.code(tree.view.statement(calls[0]))) if calls else None
         where = f"`{forward}` in the loop `{line}`" if forward else f"the loop `{line}`"
@@ -318,6 +342,18 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "indices `idx[RANK::WORLD_SIZE]`, weighting the loss by each shard's size), or keep "
             "it on one process",
         )
+    _refuse_carried_state(loop, models, line)
+    for batch in batches:
+        if single_example(batch.value):
+            stmt = _first_line(tree.view.code(batch.statement))
+            raise NotMigrated(
+                Shape.UNKNOWN,
+                f"`{stmt}` trains on one example per step (in `{line}`); one example cannot be "
+                "split across ranks; batch the examples (a DataLoader with a batch size) first",
+            )
+
+
+def _refuse_carried_state(loop: cst.CSTNode, models: set[str], line: str) -> None:
     state = carried_state(loop, models)
     if state:
         raise NotMigrated(
@@ -327,14 +363,45 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "the same split of that state; shard the data by rank where it is built "
             "(each rank its own rows) and size the state per rank",
         )
-    for batch in batches:
-        if single_example(batch.value):
-            stmt = _first_line(tree.view.code(batch.statement))
-            raise NotMigrated(
-                Shape.UNKNOWN,
-                f"`{stmt}` trains on one example per step (in `{line}`); one example cannot be "
-                "split across ranks; batch the examples (a DataLoader with a batch size) first",
-            )
+
+
+def _refuse_unknown_iterable(tree: Tree, loop: cst.For, line: str) -> None:
+    """The loop takes its batches from what it iterates (the loop target), and that is
+    neither a DataLoader ddpify can find nor a batch stream it can split."""
+    source = iterated_source(tree, loop)
+    if source is None:
+        return  # `for step in range(n)`: the batches do not come from the loop target
+    made = ""
+    if source.made_by is not None:
+        made = f", made by `{tree.view.code(source.made_by)}`"
+        if source.class_chosen_at_run_time:
+            made += " (its class is chosen at run time)"
+    where = _where_to_shard(tree)
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"the training loop `{line}` iterates `{source.name}`{made}, which ddpify does not "
+        "recognise as a DataLoader or as a stream of batches it can split, so every rank "
+        f"would train on the same batches; shard it yourself: a DistributedSampler in {where}, "
+        "`sampler.set_epoch(epoch)` at the top of each epoch, then run under torchrun",
+    )
+
+
+def _where_to_shard(tree: Tree) -> str:
+    """The project's DataLoader subclasses, when it has some: their constructors hand a
+    sampler to DataLoader, which is where a DistributedSampler goes."""
+    subclasses = dataloader_subclasses(tree)
+    if not subclasses:
+        return "the code that builds the loader"
+    named = []
+    for root, derived in subclasses.items():
+        shown = ", ".join(f"`{name}`" for name in derived[:4])
+        more = ", ..." if len(derived) > 4 else ""
+        named.append(f"`{root}`" + (f" (the base of {shown}{more})" if derived else ""))
+    plural = "es" if len(named) > 1 else ""
+    return (
+        f"the project's DataLoader subclass{plural} {' and '.join(named)}, where it hands "
+        "its sampler to DataLoader (when none is set, and for the training loader only)"
+    )
 
 
 def _spawn_worker(tree: Tree, plan: Plan) -> None:

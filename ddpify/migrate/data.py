@@ -18,6 +18,7 @@ from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import (
     iterated_name,
     project_has_hand_made_batches,
+    stream_batches,
     training_loop_sources,
     training_loops,
 )
@@ -336,15 +337,30 @@ def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
         edits.after[batch.statement].extend(lines)
         first = f"{batch.names[0]} = {_block(batch.names[0], plan.rank)}"
         plan.change(NAME, f"hand-made batch split by rank: {', '.join(batch.names)}", first)
-    if batches:
+    streams = stream_batches(tree)
+    for stream in streams:
+        # The batch enters the step at the loop target: split it first thing in the body.
+        lines = [snippets.statement(f"{n} = {_block(n, plan.rank)}\n") for n in stream.names]
+        lines[0] = snippets.with_comment(lines[0], HAND_MADE_NOTE)
+        edits.prepend[stream.loop].extend(lines)
+        first = f"{stream.names[0]} = {_block(stream.names[0], plan.rank)}"
+        plan.change(
+            NAME,
+            f"each batch of the `{stream.maker}` stream split by rank where the loop takes it: "
+            f"{', '.join(stream.names)}",
+            first,
+        )
+    if batches or streams:
         plan.hand_made = (
             "hand-made batches are split across ranks (each rank one contiguous block of rows of "
-            "each batch): "
-            "the global batch and the learning rate are the original's; the step is the same "
-            "when the batch size divides by the number of processes and the ranks draw the same "
-            "batch (same seed)"
+            "each batch): the global batch and the learning rate are the original's; the step "
+            "is the same when the batch size divides by the number of processes and the ranks "
+            "draw the same batch (same seed); when it does not divide, the blocks differ by one "
+            "row and DDP's plain average of the ranks' gradients weighs the rows of the smaller "
+            "blocks a little more, and a batch smaller than the number of processes leaves some "
+            "rank an empty block"
         )
-    return bool(batches)
+    return bool(batches or streams)
 
 
 # -- batch size and learning rate -------------------------------------------------------

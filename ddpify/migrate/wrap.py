@@ -14,6 +14,7 @@ from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
     project_optimizer_calls,
+    returned_into_trained,
     stored_models,
     trained_model_names,
     trained_owners,
@@ -126,27 +127,6 @@ def run(tree: Tree, plan: Plan) -> Edits:
     return edits
 
 
-def _returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) -> set[str]:
-    """`model = DataParallel(model)` in a builder that returns `model`, where a caller
-    keeps the result as the trained model (`self.model = self._build_model().to(dev)`):
-    the names the callers keep it in."""
-    func = tree.function(statement)
-    if func is None:
-        return set()
-    returns = [r for r in tree.within(func, cst.Return) if r.value is not None]
-    if not any(dotted(r.value) in names for r in returns):
-        return set()
-    trained = trained_model_names(tree)
-    name = func.name.value
-    kept = set()
-    for call in tree.view.find(cst.Call):
-        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
-            target = bound_target(tree, call)
-            if target in trained:
-                kept.add(target)
-    return kept
-
-
 def _note_batch_norm_on_cpu(tree: Tree, plan: Plan) -> None:
     """A script that stays on the CPU gets no SyncBatchNorm (it needs CUDA), so its
     BatchNorm layers now normalise with each rank's share of the batch: say so."""
@@ -222,7 +202,7 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
         inner = tree.code(call.args[0].value)
         statement = tree.statement(call)
         target = bound_target(tree, call)
-        kept_as = _returned_into_trained(tree, statement, {inner, target})
+        kept_as = returned_into_trained(tree, statement, {inner, target})
         # `self.model = self._build_model()`: this class's own uses of `self.model` now
         # reach the wrapper (the wrap is recorded where the builder wraps).
         wrapped += [(name, statement) for name in sorted(kept_as) if name.startswith("self.")]
