@@ -37,6 +37,8 @@ MAX_ROOT_ASCENT = 2
 # How many packages re-exporting a name (`from .util import f` in __init__.py) a lookup
 # passes through to the module that defines it.
 MAX_REEXPORTS = 2
+# Files that mark a repository or package root: the project never reaches above one.
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py")
 
 
 @dataclass
@@ -257,7 +259,7 @@ def _common_root(paths: Sequence[Path]) -> Path:
     for _ in range(MAX_ROOT_ASCENT):
         if top.parent == top:
             break
-        if any((top.parent / marker).exists() for marker in (".git", "pyproject.toml", "setup.py")):
+        if _is_root_folder(top.parent):
             return top.parent
         top = top.parent
     return common
@@ -637,12 +639,22 @@ def importers(path: Path) -> list[tuple[Path, str]]:
             break
         other = other.resolve()
         read = _read_text(other)
-        if other == path or read is None or stem not in read[0]:
+        if other == path or read is None or not _names_in_an_import(stem, read[0]):
             continue
         text, digest = read
         if path in (found_path for found_path, _ in local_imports(other, text, [other], root)):
             found.append((other, digest))
     return found
+
+
+def _names_in_an_import(stem: str, text: str) -> bool:
+    """Whether an import statement of `text` names `stem`: a cheap test before parsing
+    (a short module name such as `t` or `data` is in almost every file's text)."""
+    if stem not in text:
+        return False
+    # `from pkg import (\n    data_loader,\n)`: the name may sit inside parentheses.
+    pattern = rf"^[ \t]*(?:from|import)[ \t][^\n(]*(?:\([^)]*)?\b{re.escape(stem)}\b"
+    return re.search(pattern, text, re.M) is not None
 
 
 def _importers_root(path: Path) -> Path:
@@ -657,7 +669,20 @@ def _importers_root(path: Path) -> Path:
     top = path.parent
     while (top / "__init__.py").exists() and top.parent != top:
         top = top.parent
-    return top if top != path.parent else top.parent
+    if top != path.parent or _is_root_folder(top) or _unrelated_files(top.parent):
+        return top
+    return top.parent
+
+
+def _is_root_folder(folder: Path) -> bool:
+    """A repository or package root: nothing above it belongs to the project."""
+    return any((folder / marker).exists() for marker in _ROOT_MARKERS)
+
+
+def _unrelated_files(folder: Path) -> bool:
+    """`/`, a top-level folder (`/tmp`, `/work`) or the home folder: what they hold besides
+    the script's own folder is someone else's."""
+    return folder.parent == folder or folder.parent.parent == folder.parent or folder == Path.home()
 
 
 # (path, mtime, size) -> (text, digest) of any Python file `importers` read.
