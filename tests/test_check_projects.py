@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpify.analysis.project import importers
 from ddpify.api import check_paths
 from ddpify.rules import select_rules
 
@@ -729,3 +730,33 @@ def test_the_cache_notices_a_dataset_that_starts_augmenting(tmp_path):
     dataset = PAIRED_DATASET.format(transforms="mylib.data.transforms", item=AUGMENTS)
     (tmp_path / "mylib" / "data" / "paired_dataset.py").write_text(dataset)
     assert len(_helper_seed_findings(train, cache)) == 1  # train.py is unchanged, a dataset is not
+
+
+# -- where the importers of a helper module are looked for ------------------------------
+
+
+def _write(path: Path, text: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_importers_are_found_in_the_folder_above_a_helper_folder(tmp_path):
+    helper = _write(tmp_path / "work" / "seg" / "data_loading" / "loader.py", "def make(): pass\n")
+    main = _write(tmp_path / "work" / "seg" / "main.py", "from data_loading.loader import make\n")
+    assert [path for path, _ in importers(helper)] == [main.resolve()]
+
+
+def test_importers_are_not_looked_for_above_a_repository_root(tmp_path):
+    helper = _write(tmp_path / "work" / "repo" / "loader.py", "def make(): pass\n")
+    _write(tmp_path / "work" / "repo" / "pyproject.toml")
+    _write(tmp_path / "work" / "other.py", "from repo.loader import make\n")
+    assert importers(helper) == []
+
+
+def test_a_file_that_only_mentions_the_module_is_not_an_importer(tmp_path):
+    helper = _write(tmp_path / "work" / "seg" / "data.py", "def make(): pass\n")
+    _write(tmp_path / "work" / "seg" / "notes.py", "data = 1  # not an import of data.py\n")
+    _write(tmp_path / "work" / "seg" / "train.py", "from data import (\n    make,\n)\n")
+    found = [path.name for path, _ in importers(helper)]
+    assert found == ["train.py"]
