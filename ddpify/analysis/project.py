@@ -696,13 +696,18 @@ def _read_text(path: Path) -> tuple[str, str] | None:
         return None
     key = (path, info.st_mtime_ns, info.st_size)
     if key not in _texts:
-        try:
-            data = read_bounded(path)
-        except SourceError:
-            _texts[key] = None
-        else:
-            _texts[key] = (data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest())
+        _texts[key] = text_and_digest(path)
     return _texts[key]
+
+
+def text_and_digest(path: Path) -> tuple[str, str] | None:
+    """A local module's text (undecodable bytes replaced) and the sha256 of its bytes, read
+    bounded; None when it cannot be read."""
+    try:
+        data = read_bounded(path)
+    except SourceError:
+        return None
+    return data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest()
 
 
 # `DistributedDataParallel(` in code (not in a comment): the project wraps a model itself.
@@ -742,14 +747,8 @@ def _files_of(root: Path) -> list[tuple[Path, str, str]]:
 
 
 def _scan(path: Path) -> tuple[str, str] | None:
-    try:
-        data = read_bounded(path)
-    except SourceError:
-        return None
-    text = data.decode("utf-8", errors="replace")
-    if not _DISTRIBUTED_WORDS.search(text):
-        return None
-    return text, hashlib.sha256(data).hexdigest()
+    read = text_and_digest(path)
+    return read if read is not None and _DISTRIBUTED_WORDS.search(read[0]) else None
 
 
 def _python_files(root: Path) -> Iterator[Path]:

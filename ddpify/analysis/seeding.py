@@ -10,14 +10,13 @@ from the streams that seed feeds.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import libcst as cst
 
 from ddpify.analysis.names import ImportMap
-from ddpify.analysis.project import LocalFunctions, _common_root, local_imports
+from ddpify.analysis.project import LocalFunctions, _common_root, local_imports, text_and_digest
 from ddpify.files import SourceError, read_bounded
 from ddpify.walk import children
 
@@ -132,13 +131,9 @@ def _package_modules(file: Path) -> Iterator[tuple[Path, str, str]]:
     for package in packages[:MAX_PACKAGES]:
         modules.update(sorted(package.glob("*.py"))[:MAX_MODULES_PER_PACKAGE])
     for path in sorted(modules):
-        if path == file:
-            continue
-        try:
-            data = read_bounded(path)
-        except SourceError:
-            continue
-        yield path, data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest()
+        read = text_and_digest(path) if path != file else None
+        if read is not None:
+            yield path, *read
 
 
 def _augments(module: cst.Module, imports: ImportMap, path: Path, local: LocalFunctions) -> bool:
