@@ -72,6 +72,9 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
         pairs[case] = (VERIFY / case / "original.py", VERIFY / case / "converted.py", {})
     for case, name, _ in OWN_PLANTED_BUGS:
         pairs[f"{case}/{name}"] = (VERIFY / case / "original.py", VERIFY / case / name, {})
+    for case, _ in MIGRATED_FIXTURES:
+        migrated = FIXTURES / "migrate" / case
+        pairs[f"migrate/{case}"] = (migrated / "before.py", migrated / "after.py", {})
     global_policy = {"batch_policy": "global", "lr_scale": None}  # the markers say per-rank
     pairs["global policy"] = (MLP / "original.py", MLP / "converted.py", global_policy)
     no_epochs = {"script_args": ["--epochs", "0"]}
@@ -179,6 +182,24 @@ def test_own_fixture_conversion_verifies(case, note, device_env, batched):
         assert any(note in n for n in result.notes), result.notes
     if device_env == "cuda" and torch.cuda.device_count() < 2:
         assert any("ranks share the GPU" in n for n in result.notes), result.notes
+
+
+# Migrate fixtures (fixtures/migrate/<case>/): the conversion `ddpify migrate` writes itself
+# (tests/test_migrate.py keeps after.py equal to it), verified against before.py.
+MIGRATED_FIXTURES = [
+    ("model_list_batchnorm", "BatchNorm statistics all-reduced across the processes by the probe"),
+]
+
+
+@in_batch
+@pytest.mark.parametrize(("case", "note"), MIGRATED_FIXTURES)
+@cpu_and_gpu
+def test_migrated_fixture_verifies(case, note, device_env, batched):
+    result = batched(device_env)[f"migrate/{case}"]
+    known_gpu_gap(device_env, result, case)
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    if device_env == "cpu":
+        assert any(note in n for n in result.notes), result.notes
 
 
 # (fixture, planted bug, what the first mismatch must say)

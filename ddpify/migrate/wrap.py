@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.batch_norm import holds_batch_norm
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
@@ -101,6 +102,12 @@ SYNC_BN = """\
 if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
     {model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})
 """
+# A list of models (`nets = [Net(bn=False), Net(bn=True)]`): each one is converted, as
+# each one is wrapped.
+SYNC_BN_EACH = """\
+if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
+    {models} = [torch.nn.SyncBatchNorm.convert_sync_batchnorm({model}) for {model} in {models}]
+"""
 
 
 def run(tree: Tree, plan: Plan) -> Edits:
@@ -123,24 +130,36 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
         _received_from_other_modules(tree, plan, edits)
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
-        _note_batch_norm_on_cpu(tree, plan)
+        _note_batch_norm_on_cpu(tree, plan, [name for name, _ in wrapped])
     return edits
 
 
-def _note_batch_norm_on_cpu(tree: Tree, plan: Plan) -> None:
+def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
     """A script that stays on the CPU gets no SyncBatchNorm (it needs CUDA), so its
-    BatchNorm layers now normalise with each rank's share of the batch: say so."""
-    if not plan.options.sync_bn or runs_on_cuda(tree) or not _has_batch_norm(tree):
+    BatchNorm layers now normalise with each rank's share of the batch: say so, naming
+    the wrapped models that hold BatchNorm."""
+    if not plan.options.sync_bn or runs_on_cuda(tree):
         return
     if "convert_sync_batchnorm" in tree.module.code:
         return
+    models = sorted({name for name in wrapped if _may_hold_batch_norm(tree, name)})
+    if not models:
+        return
     plan.needs_human(
-        "BatchNorm layers now normalise with each rank's share of the batch, not the whole "
-        "batch as before, so the numbers differ from the original's: SyncBatchNorm needs "
-        "CUDA and this script keeps its tensors on the CPU; run on GPUs (migrate adds the "
-        "conversion there) or accept per-rank statistics (DDP030)",
+        f"BatchNorm layers of {', '.join(f'`{m}`' for m in models)} now normalise with each "
+        "rank's share of the batch, not the whole batch as before, so the numbers differ "
+        "from the original's: SyncBatchNorm needs CUDA and this script keeps its tensors on "
+        "the CPU; run on GPUs (migrate adds the conversion there) or accept per-rank "
+        "statistics (DDP030)",
         None,
     )
+
+
+def _may_hold_batch_norm(tree: Tree, model: str | None) -> bool:
+    """The analysis decides for a model the project builds; for one built elsewhere
+    (`torchvision.models.resnet18()`), whether the project names BatchNorm at all."""
+    holds = holds_batch_norm(tree, model) if model else None
+    return _has_batch_norm(tree) if holds is None else holds
 
 
 def _has_batch_norm(tree: Tree) -> bool:
@@ -151,19 +170,26 @@ def _has_batch_norm(tree: Tree) -> bool:
     )
 
 
-def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
+def _wants_sync_bn(tree: Tree, plan: Plan, model: str | None) -> bool:
+    """Whether `model` (the name the wrap rebinds) gets a SyncBatchNorm conversion."""
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
-    return _has_batch_norm(tree) and "convert_sync_batchnorm" not in tree.module.code
+    if "convert_sync_batchnorm" in tree.module.code:
+        return False
+    return _may_hold_batch_norm(tree, model)
 
 
-def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
+def _sync_bn(plan: Plan, model: str, element: str | None = None) -> cst.BaseStatement:
+    """The conversion of `model`, or of each `element` of the list `model`."""
     plan.change(
         NAME,
-        "SyncBatchNorm conversion before the wrap (CUDA only)",
+        f"SyncBatchNorm conversion of {'each module of ' if element else ''}{model} before "
+        "the wrap (CUDA only)",
         "if torch.cuda.is_available():  # SyncBatchNorm needs CUDA",
         "DDP030",
     )
+    if element is not None:
+        return snippets.statement(SYNC_BN_EACH.format(models=model, model=element))
     return snippets.statement(SYNC_BN.format(model=model))
 
 
@@ -266,14 +292,14 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
             edits.removed.add(statement)
             if owner is not None and len(owner.body.body) == 1:
                 edits.removed.add(owner)
-            if _wants_sync_bn(tree, plan):
+            if _wants_sync_bn(tree, plan, target):
                 edits.after[place].append(_sync_bn(plan, target))
             new = snippets.statement(f"{target} = {_ddp_call(tree, plan, target)}")
             edits.after[place].append(new)
             wrapped.append((target, place))
             continue
         edits.replace(outer, snippets.expression(_ddp_call(tree, plan, inner + suffix)))
-        if _wants_sync_bn(tree, plan) and isinstance(call.args[0].value, cst.Name):
+        if isinstance(call.args[0].value, cst.Name) and _wants_sync_bn(tree, plan, inner):
             edits.before[statement].append(_sync_bn(plan, inner))
         if owner is not None:
             _hoist(edits, owner)
@@ -319,7 +345,7 @@ def _wrap_owner_instead(
         moved = tree.code(outermost.body) if outermost.orelse is None else ""
         if "device_count" not in tree.code(outermost.test):
             ids = _device_ids_when(tree, outermost.test, True, moved)
-    if _wants_sync_bn(tree, plan):
+    if _wants_sync_bn(tree, plan, owner):
         edits.after[place].append(_sync_bn(plan, owner))
     edits.after[place].append(
         snippets.statement(f"{owner} = {_ddp_call(tree, plan, owner, device_ids=ids)}")
@@ -397,7 +423,7 @@ def _wrap_after_condition(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, 
         if len(owner.body.body) == 1 and owner.orelse is None:
             edits.removed.add(owner)
     place = _last_preparation(tree, target, owner)
-    if _wants_sync_bn(tree, plan):
+    if _wants_sync_bn(tree, plan, target):
         edits.after[place].append(_sync_bn(plan, target))
     in_body = owner.orelse is None and tree.inside(statement, owner.body)
     ids = _device_ids_when(tree, owner.test, True, suffix) if in_body else None
@@ -478,12 +504,12 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
             continue
         place = _last_preparation(tree, target, binding)
         inserted = []
-        if _wants_sync_bn(tree, plan):
-            inserted.append(_sync_bn(plan, target))
-        if target in collections:
-            element = collections[target]
+        element = collections.get(target)
+        if _wants_sync_bn(tree, plan, target):
+            inserted.append(_sync_bn(plan, target, element))
+        if element is not None:
             wrap = _ddp_call(tree, plan, element, extra)
-            inserted = [snippets.statement(f"{target} = [{wrap} for {element} in {target}]")]
+            inserted.append(snippets.statement(f"{target} = [{wrap} for {element} in {target}]"))
             edits.after[place].extend(inserted)
             plan.change(
                 NAME,
@@ -491,13 +517,6 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
                 f"{target} = [{plan.ddp}(",
             )
             _note_find_unused(plan, f"{target} = [{plan.ddp}(")
-            if _wants_sync_bn(tree, plan):
-                plan.needs_human(
-                    f"the modules of `{target}` keep their BatchNorm per rank: convert each "
-                    "with torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap on "
-                    "CUDA if the statistics must be global (DDP030)",
-                    None,
-                )
             wrapped.append((target, place))
             continue
         inserted.append(snippets.statement(f"{target} = {_ddp_call(tree, plan, target, extra)}"))

@@ -1,0 +1,164 @@
+"""Which models hold BatchNorm layers.
+
+A project's class holds BatchNorm when its body names a BatchNorm layer (built in
+`__init__`, perhaps only under a condition such as `if self.do_bn:`, or passed on as
+`norm_layer=nn.BatchNorm2d`), names another class or function of the project that holds
+one, or derives from such a class. An expression holds BatchNorm when it builds such a
+model: `Net(...)`, `nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))`, a list or dict of
+models, or a name bound to one of those.
+
+The answers are "may hold": True where some instance may hold BatchNorm (converting one
+that does not is a no-op), False where nothing that builds it names BatchNorm, None where
+code outside the project builds it (`torchvision.models.resnet18()`) and the caller must
+decide. The wrap pass asks before writing a SyncBatchNorm conversion.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ddpify.analysis.names import dotted
+from ddpify.analysis.roles import _cached
+
+BATCH_NORM = re.compile(r"^(Lazy)?BatchNorm[123]d$")
+# Methods that return the module they are called on.
+MOVES = frozenset({"to", "cuda", "cpu", "half", "float", "double", "train", "eval"})
+# torch.nn containers: they hold what they are given.
+CONTAINERS = frozenset(
+    f"torch.nn.{name}" for name in ("Sequential", "ModuleList", "ModuleDict", "ParameterList")
+)
+
+
+def holds_batch_norm(tree, target: str) -> bool | None:
+    """Whether the model (or list, dict of models) bound to `target` may hold BatchNorm:
+    the values assigned to `target` anywhere in the project, combined."""
+    values = _bindings(tree.view).get(target, [])
+    if not values:
+        return None
+    return _any([expression_holds_batch_norm(tree, value) for value in values])
+
+
+def expression_holds_batch_norm(tree, expr: cst.BaseExpression, seen=None) -> bool | None:
+    view = tree.view
+    seen = set() if seen is None else seen
+    if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+        return _any([expression_holds_batch_norm(tree, e.value, seen) for e in expr.elements])
+    if isinstance(expr, cst.Dict):
+        values = [e.value for e in expr.elements if isinstance(e, cst.DictElement)]
+        return _any([expression_holds_batch_norm(tree, v, seen) for v in values])
+    if isinstance(expr, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+        return expression_holds_batch_norm(tree, expr.elt, seen)
+    if isinstance(expr, cst.DictComp):
+        return expression_holds_batch_norm(tree, expr.value, seen)
+    if isinstance(expr, cst.Call):
+        return _call_holds(tree, expr, seen)
+    name = dotted(expr)
+    if name is None:
+        return None
+    if _names_holder(view, name):
+        return True
+    if name in seen:
+        return False  # already being answered higher up
+    values = _bindings(view).get(name, [])
+    if not values:
+        return None
+    seen.add(name)
+    return _any([expression_holds_batch_norm(tree, value, seen) for value in values])
+
+
+def _call_holds(tree, call: cst.Call, seen) -> bool | None:
+    """`Net(...)` of a class that holds BatchNorm, or any call given something that does."""
+    view = tree.view
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in MOVES:
+        return expression_holds_batch_norm(tree, call.func.value, seen)  # `Net().to(device)`
+    arguments = [expression_holds_batch_norm(tree, a.value, seen) for a in call.args]
+    callee = dotted(call.func)
+    if callee is None:
+        return _any([*arguments, None])
+    if _names_holder(view, callee):
+        return True
+    short = callee.rsplit(".", 1)[-1]
+    qualified = view.qualify(call.func) or ""
+    if qualified in CONTAINERS:
+        return _any(arguments)
+    if short in _project_definitions(view) or qualified.startswith("torch.nn."):
+        # A class or function of the project that names no BatchNorm, or a torch layer:
+        # BatchNorm only through what it is given (`Wrapper(backbone)`).
+        return True if True in arguments else False
+    return True if True in arguments else None
+
+
+def _names_holder(view, name: str) -> bool:
+    short = name.rsplit(".", 1)[-1]
+    return bool(BATCH_NORM.match(short)) or short in batch_norm_holders(view)
+
+
+def batch_norm_holders(view) -> frozenset[str]:
+    """Names of the project's classes and functions that may build BatchNorm layers."""
+    return _cached(view, "batch_norm_holders", lambda: _holders(view))
+
+
+def _holders(view) -> frozenset[str]:
+    definitions = _project_definitions(view)
+    mentioned = {name: _names_in(node) for name, node in definitions.items()}
+    holders = {name for name, names in mentioned.items() if any(map(BATCH_NORM.match, names))}
+    grew = True
+    while grew:  # a class that builds a holder, or derives from one, holds one too
+        grew = False
+        for name, names in mentioned.items():
+            if name not in holders and names & holders:
+                holders.add(name)
+                grew = True
+    return frozenset(holders)
+
+
+def _project_definitions(view) -> dict[str, cst.CSTNode]:
+    """Class and function name -> its definition, over the project's modules."""
+
+    def compute() -> dict[str, cst.CSTNode]:
+        found: dict[str, cst.CSTNode] = {}
+        for tree in getattr(view, "trees", [view]):
+            for node in tree.module.body:  # methods are part of their class
+                if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
+                    found.setdefault(node.name.value, node)
+        return found
+
+    return _cached(view, "batch_norm_definitions", compute)
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    """The last part of every name and attribute in `node` (bases included)."""
+    found: set[str] = set()
+
+    class Visit(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+    node.visit(Visit())
+    found.discard(getattr(getattr(node, "name", None), "value", None))
+    return found
+
+
+def _bindings(view) -> dict[str, list[cst.BaseExpression]]:
+    """Name -> the values assigned to it, over the project's modules."""
+
+    def compute() -> dict[str, list[cst.BaseExpression]]:
+        found: dict[str, list[cst.BaseExpression]] = {}
+        for assign in view.find(cst.Assign):
+            for target in assign.targets:
+                name = dotted(target.target)
+                if name:
+                    found.setdefault(name, []).append(assign.value)
+        return found
+
+    return _cached(view, "batch_norm_bindings", compute)
+
+
+def _any(answers: list[bool | None]) -> bool | None:
+    if True in answers:
+        return True
+    if None in answers:
+        return None
+    return False

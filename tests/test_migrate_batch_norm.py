@@ -1,0 +1,151 @@
+"""BatchNorm at the wrap: every form of wrap the pass writes converts to SyncBatchNorm (on
+CUDA only) exactly the models whose classes hold BatchNorm, as the analysis
+(ddpify/analysis/batch_norm.py) answers; a script that stays on the CPU is told which
+models now keep per-rank statistics. The fixture model_list_batchnorm runs in the batched
+runner and verifies in tests/test_verify_runs.py."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.batch_norm import holds_batch_norm
+from ddpify.analysis.tree import Tree
+from ddpify.migrate import migrate_source
+from tests.helpers import FIXTURES
+
+LIST_FIXTURE = (FIXTURES / "migrate" / "model_list_batchnorm" / "before.py").read_text()
+CONVERT_EACH = "    nets = [torch.nn.SyncBatchNorm.convert_sync_batchnorm(net) for net in nets]\n"
+
+MODELS = """\
+import torch
+import torchvision
+from torch import nn
+
+
+class Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+
+class Normed(Plain):
+    def __init__(self, bn=False):
+        super().__init__()
+        if bn:
+            self.bn = nn.BatchNorm1d(4)
+
+
+def block(width):
+    return nn.Sequential(nn.Conv2d(width, width, 3), nn.BatchNorm2d(width))
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = block(8)
+
+
+class Derived(Tower):
+    pass
+
+
+plain = Plain().to("cuda")
+sequential = nn.Sequential(nn.Linear(2, 4), nn.ReLU())
+normed_sequential = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4))
+nets = [Plain(), Normed(bn=True)]
+plains = {"a": Plain(), "b": Plain()}
+derived = Derived()
+resnet = torchvision.models.resnet18()
+"""
+
+
+def _holds(name: str) -> bool | None:
+    return holds_batch_norm(Tree(cst.parse_module(MODELS)), name)
+
+
+def test_the_analysis_tells_which_models_hold_batch_norm():
+    assert _holds("nets") is True  # Normed builds one under `if bn:`
+    assert _holds("normed_sequential") is True
+    assert _holds("derived") is True  # through its base class and a builder function
+    assert _holds("plain") is False
+    assert _holds("sequential") is False
+    assert _holds("plains") is False
+
+
+def test_a_model_built_outside_the_project_is_left_to_the_caller():
+    assert _holds("resnet") is None
+    assert _holds("not_bound_anywhere") is None
+
+
+def migrate(source: str):
+    result = migrate_source(source, "t.py")
+    assert result.migrated, result.reason
+    return result
+
+
+def _per_rank_notes(result) -> list[str]:
+    return [h.why for h in result.needs_human if "share of the batch" in h.why]
+
+
+def test_each_model_of_a_list_is_converted_before_it_is_wrapped():
+    result = migrate(LIST_FIXTURE)
+    out = result.output
+    guard = "if torch.cuda.is_available():  # SyncBatchNorm needs CUDA\n" + CONVERT_EACH
+    assert out.index("nets = [Net(") < out.index(guard) < out.index("nets = [DDP(net")
+    assert _per_rank_notes(result) == []
+    assert not any("keep their BatchNorm" in h.why for h in result.needs_human)
+
+
+def test_a_list_of_models_without_batch_norm_gets_no_conversion():
+    source = LIST_FIXTURE.replace("nn.BatchNorm1d", "nn.LayerNorm")
+    out = migrate(source).output
+    assert "convert_sync_batchnorm" not in out and "nets = [DDP(net" in out
+
+
+def test_a_list_of_models_on_the_cpu_is_named_in_the_per_rank_note():
+    source = LIST_FIXTURE.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"cpu"')
+    result = migrate(source)
+    assert "convert_sync_batchnorm" not in result.output
+    [note] = _per_rank_notes(result)
+    assert note.startswith("BatchNorm layers of `nets` now normalise")
+
+
+GAN = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+G = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)).cuda()
+D = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1)).cuda()
+opt_g = torch.optim.Adam(G.parameters(), lr=1e-3)
+opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)
+loader = DataLoader(TensorDataset(torch.randn(64, 2)), batch_size=8, shuffle=True)
+for epoch in range(2):
+    for (real,) in loader:
+        real = real.cuda()
+        fake = G(torch.randn(8, 2).cuda())
+        d_loss = -(D(real).mean() - D(fake.detach()).mean())
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        g_loss = -D(fake).mean()
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+"""
+
+
+def test_of_several_models_only_those_with_batch_norm_are_converted():
+    out = migrate(GAN).output
+    assert "    D = torch.nn.SyncBatchNorm.convert_sync_batchnorm(D)\n" in out
+    assert "convert_sync_batchnorm(G)" not in out
+    assert out.index("convert_sync_batchnorm(D)") < out.index("D = DDP(D")
+
+
+def test_data_parallel_of_a_model_with_batch_norm_is_converted_before_the_wrap():
+    source = GAN.replace(
+        "opt_g = torch.optim", "G = nn.DataParallel(G)\nD = nn.DataParallel(D)\nopt_g = torch.optim"
+    )
+    out = migrate(source).output
+    assert out.count("convert_sync_batchnorm(") == 1
+    assert out.index("D = torch.nn.SyncBatchNorm.convert_sync_batchnorm(D)") < out.index("D = DDP(")
