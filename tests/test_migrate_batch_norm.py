@@ -54,6 +54,9 @@ sequential = nn.Sequential(nn.Linear(2, 4), nn.ReLU())
 normed_sequential = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4))
 nets = [Plain(), Normed(bn=True)]
 plains = {"a": Plain(), "b": Plain()}
+appended = []
+for width in (4, 8):
+    appended.append(Normed(bn=width > 4))
 derived = Derived()
 resnet = torchvision.models.resnet18()
 """
@@ -67,6 +70,7 @@ def test_the_analysis_tells_which_models_hold_batch_norm():
     assert _holds("nets") is True  # Normed builds one under `if bn:`
     assert _holds("normed_sequential") is True
     assert _holds("derived") is True  # through its base class and a builder function
+    assert _holds("appended") is True  # `appended = []`, then `appended.append(Normed(...))`
     assert _holds("plain") is False
     assert _holds("sequential") is False
     assert _holds("plains") is False
@@ -149,3 +153,31 @@ def test_data_parallel_of_a_model_with_batch_norm_is_converted_before_the_wrap()
     out = migrate(source).output
     assert out.count("convert_sync_batchnorm(") == 1
     assert out.index("D = torch.nn.SyncBatchNorm.convert_sync_batchnorm(D)") < out.index("D = DDP(")
+
+
+LOOP_FILLED = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.randn(64, 2), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+nets = []
+for width in (4, 8):
+    net = nn.Sequential(nn.Linear(2, width), nn.BatchNorm1d(width), nn.Linear(width, 1))
+    nets.append(net.cuda())
+opts = [torch.optim.Adam(net.parameters(), lr=1e-3) for net in nets]
+for epoch in range(2):
+    for x, y in loader:
+        for net, opt in zip(nets, opts):
+            opt.zero_grad()
+            ((net(x.cuda()) - y.cuda()) ** 2).mean().backward()
+            opt.step()
+"""
+
+
+def test_a_list_filled_in_a_loop_is_converted_and_wrapped_once_it_is_complete():
+    out = migrate(LOOP_FILLED).output
+    filled = out.index("    nets.append(net.cuda(LOCAL_RANK))")
+    assert filled < out.index(CONVERT_EACH) < out.index("nets = [DDP(net") < out.index("opts = [")
+    assert "nets.module" not in out

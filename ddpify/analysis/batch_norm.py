@@ -25,6 +25,8 @@ from ddpify.analysis.roles import _cached
 BATCH_NORM = re.compile(r"^(Lazy)?BatchNorm[123]d$")
 # Methods that return the module they are called on.
 MOVES = frozenset({"to", "cuda", "cpu", "half", "float", "double", "train", "eval"})
+# List methods whose last argument goes into the list.
+FILLS = frozenset({"append", "insert"})
 # torch.nn containers: they hold what they are given.
 CONTAINERS = frozenset(
     f"torch.nn.{name}" for name in ("Sequential", "ModuleList", "ModuleDict", "ParameterList")
@@ -43,6 +45,8 @@ def holds_batch_norm(tree, target: str) -> bool | None:
 def expression_holds_batch_norm(tree, expr: cst.BaseExpression, seen=None) -> bool | None:
     view = tree.view
     seen = set() if seen is None else seen
+    if isinstance(expr, (cst.List, cst.Tuple, cst.Set, cst.Dict)) and not expr.elements:
+        return None  # filled elsewhere (`nets = []` then `nets.append(Net())`)
     if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
         return _any([expression_holds_batch_norm(tree, e.value, seen) for e in expr.elements])
     if isinstance(expr, cst.Dict):
@@ -151,6 +155,12 @@ def _bindings(view) -> dict[str, list[cst.BaseExpression]]:
                 name = dotted(target.target)
                 if name:
                     found.setdefault(name, []).append(assign.value)
+        for call in view.find(cst.Call):  # `nets.append(Net())` adds to `nets`
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value in FILLS and call.args:
+                name = dotted(func.value)
+                if name:
+                    found.setdefault(name, []).append(call.args[-1].value)
         return found
 
     return _cached(view, "batch_norm_bindings", compute)

@@ -52,6 +52,10 @@ PREPARES = {
     "apply",
     "requires_grad_",
     "load",
+    # a list of models being filled (or a Sequential, a ModuleList given more layers)
+    "append",
+    "extend",
+    "insert",
 }
 # What a DDP wrapper answers itself, like the module it wraps.
 MODULE_API = {
@@ -640,7 +644,10 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
             _trains(tree, s, target) for s in inner
         )
     if isinstance(stmt, cst.For):
-        return mentions(stmt.iter, target) and "backward" not in tree.code(stmt)
+        # `for m in model.children(): ...`, and `for w in widths: nets.append(Net(w))`
+        # that fills a list of models (each one is wrapped once the list is complete).
+        fills = any(_prepares(tree, s, target) for s in stmt.body.body)
+        return (mentions(stmt.iter, target) or fills) and "backward" not in tree.code(stmt)
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
     small = stmt.body[0]
