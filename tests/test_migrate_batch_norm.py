@@ -181,3 +181,33 @@ def test_a_list_filled_in_a_loop_is_converted_and_wrapped_once_it_is_complete():
     filled = out.index("    nets.append(net.cuda(LOCAL_RANK))")
     assert filled < out.index(CONVERT_EACH) < out.index("nets = [DDP(net") < out.index("opts = [")
     assert "nets.module" not in out
+
+
+DICT_OF_MODELS = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(64, 2), torch.randn(64, 1)), batch_size=8)
+nets = {"plain": nn.Linear(2, 1), "bn": nn.Sequential(nn.BatchNorm1d(2), nn.Linear(2, 1))}
+nets = {name: net.cuda() for name, net in nets.items()}
+opts = {name: torch.optim.Adam(net.parameters(), lr=1e-3) for name, net in nets.items()}
+for epoch in range(2):
+    for x, y in loader:
+        for name, net in nets.items():
+            opts[name].zero_grad()
+            ((net(x.cuda()) - y.cuda()) ** 2).mean().backward()
+            opts[name].step()
+"""
+
+
+def test_each_model_of_a_dict_is_converted_and_wrapped_under_its_key():
+    out = migrate(DICT_OF_MODELS).output
+    convert = (
+        "    nets = {name: torch.nn.SyncBatchNorm.convert_sync_batchnorm(net) "
+        "for name, net in nets.items()}\n"
+    )
+    wrap = "nets = {name: DDP(net, device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None"
+    assert out.index("nets = {name: net.cuda(") < out.index(convert) < out.index(wrap)
+    assert out.index(wrap) < out.index("opts = {name:")
+    assert "nets.module" not in out  # a dict of wrappers has no `.module`

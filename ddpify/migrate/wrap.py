@@ -110,17 +110,18 @@ if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
 # each one is wrapped.
 SYNC_BN_EACH = """\
 if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
-    {models} = [torch.nn.SyncBatchNorm.convert_sync_batchnorm({model}) for {model} in {models}]
+    {models} = {each}
 """
 
 
 def run(tree: Tree, plan: Plan) -> Edits:
     edits = Edits()
     wrapped: list[tuple[str, cst.CSTNode]] = []  # (name, the statement that wraps it)
+    lists: set[str] = set()  # the lists and dicts whose models are wrapped one by one
     if plan.shape is Shape.DATA_PARALLEL:
         wrapped += _replace_data_parallel(tree, plan, edits)
     elif plan.shape is Shape.SINGLE:
-        wrapped += _wrap_model(tree, plan, edits)
+        wrapped += _wrap_model(tree, plan, edits, lists)
     for call in tree.calls_to(DDP):
         target = bound_target(tree, call)
         if target:
@@ -130,7 +131,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
         wrapped += [pair for pair in stored_models(tree) if pair[0] not in dict(wrapped)]
     # Wraps the script already had stay where they are, perhaps on one branch only.
     in_place = {id(tree.statement(call)) for call in tree.calls_to(DDP)}
-    _through_module(tree, plan, edits, wrapped, in_place)
+    # A list or dict of wrapped models has no module attributes (`nets.items()`).
+    modules = [pair for pair in wrapped if pair[0] not in lists]
+    _through_module(tree, plan, edits, modules, in_place)
     if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
         _received_from_other_modules(tree, plan, edits)
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
@@ -184,7 +187,7 @@ def _wants_sync_bn(tree: Tree, plan: Plan, model: str | None) -> bool:
 
 
 def _sync_bn(plan: Plan, model: str, element: str | None = None) -> cst.BaseStatement:
-    """The conversion of `model`, or of each `element` of the list `model`."""
+    """The conversion of `model`, or of each `element` of the list (or dict) `model`."""
     plan.change(
         NAME,
         f"SyncBatchNorm conversion of {'each module of ' if element else ''}{model} before "
@@ -193,8 +196,18 @@ def _sync_bn(plan: Plan, model: str, element: str | None = None) -> cst.BaseStat
         "DDP030",
     )
     if element is not None:
-        return snippets.statement(SYNC_BN_EACH.format(models=model, model=element))
+        each = _each(model, element, "torch.nn.SyncBatchNorm.convert_sync_batchnorm({})")
+        return snippets.statement(SYNC_BN_EACH.format(models=model, each=each))
     return snippets.statement(SYNC_BN.format(model=model))
+
+
+def _each(models: str, element: str, call: str) -> str:
+    """`[call(net) for net in nets]`, or for a dict (`element` is `name, net`)
+    `{name: call(net) for name, net in nets.items()}`."""
+    if ", " in element:
+        key, value = element.split(", ")
+        return f"{{{key}: {call.format(value)} for {element} in {models}.items()}}"
+    return f"[{call.format(element)} for {element} in {models}]"
 
 
 def _ddp_call(
@@ -484,17 +497,18 @@ def _hoist(edits: Edits, owner: cst.If) -> None:
 # -- the bare model ---------------------------------------------------------------------
 
 
-def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
-    """Wrap every module an optimizer trains (a GAN's generator and discriminator alike)."""
+def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: set[str]) -> list:
+    """Wrap every module an optimizer trains (a GAN's generator and discriminator alike);
+    `lists` gets the names of the lists and dicts whose models are wrapped one by one."""
     optimizers = optimizer_calls(tree)
     if not optimizers and project_optimizer_calls(tree):
         return []  # a module of a project: the model is wrapped where it is optimized
     if not optimizers:
         raise NotMigrated(Shape.UNKNOWN, "no torch.optim optimizer found; cannot tell the model")
     already = {bound_target(tree, call) for call in tree.calls_to(DDP)}
-    collections: dict[
-        str, str
-    ] = {}  # `nets` -> `net`, for `[Adam(net.parameters()) for net in nets]`
+    # `nets` -> `net` for `[Adam(net.parameters()) for net in nets]`, `name, net` for
+    # `{name: Adam(net.parameters()) for name, net in nets.items()}`
+    collections: dict[str, str] = {}
     trained = _trained_bindings(tree, optimizers, collections)
     # Several trained modules (a GAN): a step often uses only part of one (the
     # discriminator's auxiliary heads in the generator step), which DDP must be told.
@@ -512,15 +526,15 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits) -> list:
         if _wants_sync_bn(tree, plan, target):
             inserted.append(_sync_bn(plan, target, element))
         if element is not None:
-            wrap = _ddp_call(tree, plan, element, extra)
-            inserted.append(snippets.statement(f"{target} = [{wrap} for {element} in {target}]"))
+            value = element.split(", ")[-1]
+            wrap = _ddp_call(tree, plan, value, extra).replace("{", "{{").replace("}", "}}")
+            each = _each(target, element, wrap.replace(value, "{}", 1))
+            inserted.append(snippets.statement(f"{target} = {each}"))
             edits.after[place].extend(inserted)
-            plan.change(
-                NAME,
-                f"wrap each module of {target} in DistributedDataParallel",
-                f"{target} = [{plan.ddp}(",
-            )
-            _note_find_unused(plan, f"{target} = [{plan.ddp}(")
+            anchor = f"{target} = {each[: each.index(plan.ddp) + len(plan.ddp) + 1]}"
+            plan.change(NAME, f"wrap each module of {target} in DistributedDataParallel", anchor)
+            _note_find_unused(plan, anchor)
+            lists.add(target)
             wrapped.append((target, place))
             continue
         inserted.append(snippets.statement(f"{target} = {_ddp_call(tree, plan, target, extra)}"))
@@ -545,15 +559,16 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict)
     """(name, the statement that builds it) for each trained module; `model.fc` in a
     per-layer optimizer resolves to the `model` it belongs to; `net` in
     `[Adam(net.parameters()) for net in nets]` to the list `nets` (recorded in
-    `collections` with its element name: each of its modules is wrapped)."""
+    `collections` with its element name: each of its modules is wrapped), and in
+    `{k: Adam(net.parameters()) for k, net in nets.items()}` to the dict `nets`."""
     found = []
     for optimizer in optimizers:
         for owner in trained_owners(tree.view, optimizer):
-            collection = _comprehension_source(tree, optimizer, owner)
+            collection, element = _comprehension_source(tree, optimizer, owner)
             if collection is not None:
                 binding = _binding(tree, collection, optimizer)
                 if binding is not None and collection.isidentifier():
-                    collections[collection] = owner
+                    collections[collection] = element
                     found.append((collection, binding))
                     continue
             resolved = _resolve_owner(tree, owner, optimizer)
@@ -568,16 +583,34 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict)
     return found
 
 
-def _comprehension_source(tree: Tree, optimizer: cst.Call, owner: str) -> str | None:
-    """`nets` when `optimizer` is built in a comprehension `for owner in nets`."""
+def _comprehension_source(tree: Tree, optimizer: cst.Call, owner: str):
+    """(`nets`, `net`) when `optimizer` is built in a comprehension `for net in nets`;
+    (`nets`, `name, net`) for `for name, net in nets.items()`; else (None, None)."""
     current = tree.parent.get(optimizer)
     while current is not None and not isinstance(current, cst.BaseStatement):
         if isinstance(current, (cst.ListComp, cst.GeneratorExp, cst.DictComp)):
             clause = current.for_in
             if isinstance(clause.target, cst.Name) and clause.target.value == owner:
-                return dotted(clause.iter)
+                return dotted(clause.iter), owner
+            pair = _key_and_value(clause)
+            if pair is not None and pair[1] == owner:
+                return pair[2], f"{pair[0]}, {pair[1]}"
         current = tree.parent.get(current)
-    return None
+    return None, None
+
+
+def _key_and_value(clause: cst.CompFor) -> tuple[str, str, str] | None:
+    """(`name`, `net`, `nets`) for `for name, net in nets.items()`."""
+    names = clause.target.elements if isinstance(clause.target, cst.Tuple) else []
+    call = clause.iter
+    if len(names) != 2 or not all(isinstance(e.value, cst.Name) for e in names):
+        return None
+    if not (isinstance(call, cst.Call) and not call.args and isinstance(call.func, cst.Attribute)):
+        return None
+    source = dotted(call.func.value)
+    if call.func.attr.value != "items" or source is None:
+        return None
+    return names[0].value.value, names[1].value.value, source  # type: ignore[attr-defined]
 
 
 def _resolve_owner(tree: Tree, owner: str, near: cst.CSTNode):
