@@ -35,6 +35,15 @@ class Normed(Plain):
             self.bn = nn.BatchNorm1d(4)
 
 
+NORM = nn.BatchNorm2d
+
+
+class Aliased(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = NORM(8)
+
+
 def block(width):
     return nn.Sequential(nn.Conv2d(width, width, 3), nn.BatchNorm2d(width))
 
@@ -59,6 +68,7 @@ for width in (4, 8):
     appended.append(Normed(bn=width > 4))
 derived = Derived()
 resnet = torchvision.models.resnet18()
+aliased = Aliased()
 """
 
 
@@ -70,6 +80,7 @@ def test_the_analysis_tells_which_models_hold_batch_norm():
     assert _holds("nets") is True  # Normed builds one under `if bn:`
     assert _holds("normed_sequential") is True
     assert _holds("derived") is True  # through its base class and a builder function
+    assert _holds("aliased") is True  # `NORM = nn.BatchNorm2d` at module level
     assert _holds("appended") is True  # `appended = []`, then `appended.append(Normed(...))`
     assert _holds("plain") is False
     assert _holds("sequential") is False

@@ -106,7 +106,7 @@ def batch_norm_holders(view) -> frozenset[str]:
 
 def _holders(view) -> frozenset[str]:
     definitions = _project_definitions(view)
-    mentioned = {name: _names_in(node) for name, node in definitions.items()}
+    mentioned = {name: _names_in(view, node) for name, node in definitions.items()}
     holders = {name for name, names in mentioned.items() if any(map(BATCH_NORM.match, names))}
     grew = True
     while grew:  # a class that builds a holder, or derives from one, holds one too
@@ -127,20 +127,30 @@ def _project_definitions(view) -> dict[str, cst.CSTNode]:
             for node in tree.module.body:  # methods are part of their class
                 if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
                     found.setdefault(node.name.value, node)
+                for name, value in _module_constants(node):
+                    found.setdefault(name, value)
         return found
 
     return _cached(view, "batch_norm_definitions", compute)
 
 
-def _names_in(node: cst.CSTNode) -> set[str]:
-    """The last part of every name and attribute in `node` (bases included)."""
-    found: set[str] = set()
+def _module_constants(node: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
+    """`NORM = nn.BatchNorm2d` at module level: a name a class may build its layers with."""
+    if not isinstance(node, cst.SimpleStatementLine):
+        return []
+    return [
+        (small.targets[0].target.value, small.value)
+        for small in node.body
+        if isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+    ]
 
-    class Visit(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
 
-    node.visit(Visit())
+def _names_in(view, node: cst.CSTNode) -> set[str]:
+    """Every name in `node` (the last part of each attribute; bases included), not the
+    name it defines."""
+    found = {name.value for name in view.within(node, cst.Name)}
     found.discard(getattr(getattr(node, "name", None), "value", None))
     return found
 
