@@ -20,7 +20,7 @@ from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
-from ddpify.guarded import GaveUp, guarded, python_rejects, risky
+from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
 from ddpify.walk import walk
@@ -185,6 +185,8 @@ class FileResult:
     crashes: list[str] = field(default_factory=list)
     # Other files the findings depend on (a helper's definition): path -> sha256.
     depends_on: dict[str, str] = field(default_factory=dict)
+    # With `check_source(..., fixes=False)`: the findings' fixes, rendered when asked.
+    pending_fixes: PendingFixes | None = None
 
 
 def physical_lines(text: str) -> list[str]:
@@ -280,16 +282,20 @@ def check_source(
     *,
     force: bool = False,
     parser: Callable[[str], cst.Module] | None = None,
+    fixes: bool = True,
 ) -> FileResult:
     """Lint one file's text. `force` parses even when the file never mentions torch;
     `parser` replaces `libcst.parse_module` (the language server re-parses only what an
     edit changed: ddpify/reparse.py); a syntax error still gets CPython's message.
+    `fixes=False` leaves each diagnostic's `fix` empty and renders it only when asked,
+    through `result.pending_fixes` (the language server publishes the findings at once
+    and renders a fix when the editor asks for the actions at its range).
 
     A file that crashes or stalls the parser becomes a DDP000 finding (see guarded.py)."""
     if not force and not mentions_torch(text):
         return FileResult(filename, skipped=True)
     try:
-        return guarded(_check_text, text, filename, rule_types, parser)
+        return guarded(_check_text, text, filename, rule_types, parser, fixes)
     except GaveUp as exc:
         return FileResult(filename, [parse_error(filename, f"cannot analyse: {exc}")])
 
@@ -299,16 +305,22 @@ def _check_text(
     filename: str,
     rule_types: Sequence[type[Rule]],
     parser: Callable[[str], cst.Module] | None = None,
+    fixes: bool = True,
 ) -> FileResult:
     with fewer_collections():
         module = parse(text, filename, parser)
         if isinstance(module, Diagnostic):
             return FileResult(filename, [module])
-        return check_module(module, text, filename, rule_types)
+        return check_module(module, text, filename, rule_types, fixes=fixes)
 
 
 def check_module(
-    module: cst.Module, text: str, filename: str, rule_types: Sequence[type[Rule]]
+    module: cst.Module,
+    text: str,
+    filename: str,
+    rule_types: Sequence[type[Rule]],
+    *,
+    fixes: bool = True,
 ) -> FileResult:
     """Lint a module already parsed from `text` (whose code it is): what `check_source`
     finds in `text`, without parsing it again (migrate's gates parse the output once)."""
@@ -318,8 +330,12 @@ def check_module(
     )
     if reports:
         lines = physical_lines(text)
-        diagnostics = _to_diagnostics(module, reports, filename, text, lines, parents)
+        renderer = _FixRenderer(module, text, parents)
+        pending: dict[Diagnostic, NodeFix] | None = None if fixes else {}
+        diagnostics = _to_diagnostics(reports, filename, lines, renderer, pending)
         result.diagnostics = _filter_noqa(diagnostics, text, lines)
+        if pending:
+            result.pending_fixes = PendingFixes(pending, renderer)
     return result
 
 
@@ -332,41 +348,37 @@ def check_bytes(data: bytes, filename: str, rule_types: Sequence[type[Rule]]) ->
 
 
 def _to_diagnostics(
-    module: cst.Module,
     reports: list[Report],
     filename: str,
-    text: str,
     lines: list[str],
-    parents: Mapping[cst.CSTNode, cst.CSTNode],
+    renderer: _FixRenderer,
+    pending: dict[Diagnostic, NodeFix] | None = None,
 ) -> list[Diagnostic]:
-    positions = Positions(module, text, parents)
-    renderer = (
-        _FixRenderer(module, text, positions, parents) if any(r.fix for r in reports) else None
-    )
+    """The reports as diagnostics. With `pending`, fixes are not rendered: each fixable
+    diagnostic (without its fix) is mapped there to the replacement to render later."""
     out = []
     for report in reports:
-        span = positions[report.node]
+        span = renderer.positions[report.node]
         start = Location(span.start.line, span.start.column + 1)
         end = Location(span.end.line, span.end.column + 1)
         fix = None
-        if report.fix is not None:
-            edit = renderer.edit(report.fix)
-            if edit is not None:
-                fix = Fix(report.fix.message, report.fix.applicability, (edit,))
+        if report.fix is not None and pending is None:
+            fix = renderer.fix(report.fix)
         rule = report.rule
-        out.append(
-            Diagnostic(
-                rule.CODE,
-                rule.NAME,
-                report.severity,
-                report.message,
-                filename,
-                start,
-                end,
-                fix,
-                tuple(lines[start.row - 1 : end.row]),
-            )
+        diagnostic = Diagnostic(
+            rule.CODE,
+            rule.NAME,
+            report.severity,
+            report.message,
+            filename,
+            start,
+            end,
+            fix,
+            tuple(lines[start.row - 1 : end.row]),
         )
+        if report.fix is not None and pending is not None:
+            pending.setdefault(diagnostic, report.fix)
+        out.append(diagnostic)
     out.sort(key=lambda d: (d.location, d.code))
     return out
 
@@ -410,15 +422,17 @@ class _FixRenderer:
     that rendering differs from the original text.
     """
 
-    def __init__(
-        self, module: cst.Module, text: str, positions: Positions, parents: Mapping
-    ) -> None:
+    def __init__(self, module: cst.Module, text: str, parents: Mapping) -> None:
         self.module = module
         self.text = text
-        self.positions = positions
+        self.positions = Positions(module, text, parents)  # the findings' positions too
         self.parents = parents
         self.row_offsets = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
         self.body_index = {id(statement): i for i, statement in enumerate(module.body)}
+
+    def fix(self, fix: NodeFix) -> Fix | None:
+        edit = self.edit(fix)
+        return None if edit is None else Fix(fix.message, fix.applicability, (edit,))
 
     def edit(self, fix: NodeFix) -> Edit | None:
         replacements = dict(fix.replacements)
@@ -457,6 +471,39 @@ class _FixRenderer:
             return self.row_offsets[self._first_row(index + 1) - 1]
         footer = "".join(self.module.code_for_node(line) for line in self.module.footer)
         return len(self.text) - len(footer)
+
+
+class PendingFixes:
+    """Fixes rendered on demand: `fix(diagnostic)` is the `fix` that `check_source` with
+    fixes rendered gives that diagnostic (each rendered once)."""
+
+    def __init__(self, pending: dict[Diagnostic, NodeFix], renderer: _FixRenderer) -> None:
+        self._pending = pending
+        self._renderer = renderer
+        self._rendered: dict[Diagnostic, Fix | None] = {}
+
+    def fix(self, diagnostic: Diagnostic) -> Fix | None:
+        key = dataclasses.replace(diagnostic, fix=None)
+        if key not in self._rendered:
+            node_fix = self._pending.get(key)
+            # Deep statements render in the big-stack thread, as the lint did.
+            rendered = None if node_fix is None else deep(self._renderer.fix, node_fix)
+            self._rendered[key] = rendered
+        return self._rendered[key]
+
+    def __reduce__(self):
+        # Out of a forked child (guarded.py) the tree stays behind: send the fixes rendered.
+        rendered = {key: self.fix(key) for key in self._pending}
+        return (_RenderedFixes, (rendered,))
+
+
+class _RenderedFixes(PendingFixes):
+    def __init__(self, rendered: dict[Diagnostic, Fix | None]) -> None:
+        self._pending = {}
+        self._rendered = rendered
+
+    def fix(self, diagnostic: Diagnostic) -> Fix | None:
+        return self._rendered.get(dataclasses.replace(diagnostic, fix=None))
 
 
 def _diff(before: str, after: str, row: int) -> Edit | None:
