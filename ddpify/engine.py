@@ -28,6 +28,10 @@ from ddpify.walk import walk
 PARSE_ERROR_CODE = "DDP000"
 PARSE_ERROR_NAME = "syntax-error"
 
+# (module, text, parents) -> the positions of its nodes: `Positions`, or the language
+# server's, which carry positions over from its last lint (ddpify/carried_positions.py).
+PositionsFactory = Callable[[cst.Module, str, Mapping[cst.CSTNode, cst.CSTNode]], Positions]
+
 _NOQA = re.compile(r"#\s*noqa(?P<codes>:\s*[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)?", re.IGNORECASE)
 
 
@@ -283,19 +287,21 @@ def check_source(
     force: bool = False,
     parser: Callable[[str], cst.Module] | None = None,
     fixes: bool = True,
+    positions: PositionsFactory | None = None,
 ) -> FileResult:
     """Lint one file's text. `force` parses even when the file never mentions torch;
     `parser` replaces `libcst.parse_module` (the language server re-parses only what an
     edit changed: ddpify/reparse.py); a syntax error still gets CPython's message.
     `fixes=False` leaves each diagnostic's `fix` empty and renders it only when asked,
     through `result.pending_fixes` (the language server publishes the findings at once
-    and renders a fix when the editor asks for the actions at its range).
+    and renders a fix when the editor asks for the actions at its range). `positions`
+    replaces `Positions` (the language server carries positions over from its last lint).
 
     A file that crashes or stalls the parser becomes a DDP000 finding (see guarded.py)."""
     if not force and not mentions_torch(text):
         return FileResult(filename, skipped=True)
     try:
-        return guarded(_check_text, text, filename, rule_types, parser, fixes)
+        return guarded(_check_text, text, filename, rule_types, parser, fixes, positions)
     except GaveUp as exc:
         return FileResult(filename, [parse_error(filename, f"cannot analyse: {exc}")])
 
@@ -306,12 +312,13 @@ def _check_text(
     rule_types: Sequence[type[Rule]],
     parser: Callable[[str], cst.Module] | None = None,
     fixes: bool = True,
+    positions: PositionsFactory | None = None,
 ) -> FileResult:
     with fewer_collections():
         module = parse(text, filename, parser)
         if isinstance(module, Diagnostic):
             return FileResult(filename, [module])
-        return check_module(module, text, filename, rule_types, fixes=fixes)
+        return check_module(module, text, filename, rule_types, fixes=fixes, positions=positions)
 
 
 def check_module(
@@ -321,6 +328,7 @@ def check_module(
     rule_types: Sequence[type[Rule]],
     *,
     fixes: bool = True,
+    positions: PositionsFactory | None = None,
 ) -> FileResult:
     """Lint a module already parsed from `text` (whose code it is): what `check_source`
     finds in `text`, without parsing it again (migrate's gates parse the output once)."""
@@ -330,7 +338,7 @@ def check_module(
     )
     if reports:
         lines = physical_lines(text)
-        renderer = _FixRenderer(module, text, parents)
+        renderer = _FixRenderer(module, text, parents, positions or Positions)
         pending: dict[Diagnostic, NodeFix] | None = None if fixes else {}
         diagnostics = _to_diagnostics(reports, filename, lines, renderer, pending)
         result.diagnostics = _filter_noqa(diagnostics, text, lines)
@@ -422,10 +430,12 @@ class _FixRenderer:
     that rendering differs from the original text.
     """
 
-    def __init__(self, module: cst.Module, text: str, parents: Mapping) -> None:
+    def __init__(
+        self, module: cst.Module, text: str, parents: Mapping, positions: PositionsFactory
+    ) -> None:
         self.module = module
         self.text = text
-        self.positions = Positions(module, text, parents)  # the findings' positions too
+        self.positions = positions(module, text, parents)  # the findings' positions too
         self.parents = parents
         self.row_offsets = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
         self.body_index = {id(statement): i for i, statement in enumerate(module.body)}

@@ -121,7 +121,13 @@ class DdpifyServer(LanguageServer):
             rules = config.rules()
         reparser = self.reparsers.setdefault(uri, Reparser())
         found = engine.check_source(
-            text, path, rules, force=True, parser=reparser.parse, fixes=False
+            text,
+            path,
+            rules,
+            force=True,
+            parser=reparser.parse,
+            fixes=False,
+            positions=reparser.positions,
         )
         linted = Linted(
             text,

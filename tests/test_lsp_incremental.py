@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import random
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from ddpify import engine
 from ddpify.config import Config
 from ddpify.diagnostics import Diagnostic, Location
+from ddpify.reparse import Reparser
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "fixtures" / "examples" / "buggy_train.py"
@@ -123,6 +125,48 @@ def test_pending_fixes_leave_a_forked_child_rendered():
     eager = engine.check_source(text, str(EXAMPLE), RULES, force=True)
     copied = pickle.loads(pickle.dumps(lazy.pending_fixes))
     assert [copied.fix(d) for d in lazy.diagnostics] == [d.fix for d in eager.diagnostics]
+
+
+def _lint_incrementally(reparser: Reparser, text: str, path: Path) -> list[Diagnostic]:
+    """What the language server does on each edit; fixes rendered as a check renders them."""
+    found = engine.check_source(
+        text,
+        str(path),
+        RULES,
+        force=True,
+        parser=reparser.parse,
+        fixes=False,
+        positions=reparser.positions,
+    )
+    return [
+        dataclasses.replace(d, fix=found.pending_fixes.fix(d) if found.pending_fixes else None)
+        for d in found.diagnostics
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_line_edits_keep_positions_and_fixes_of_a_cold_check(seed):
+    """Lines inserted, deleted and changed above, inside and below findings: positions
+    carried over from the last lint must be the ones a cold check computes."""
+    rng = random.Random(seed)
+    lines = EXAMPLE.read_text().splitlines(keepends=True)
+    reparser = Reparser()
+    carried = 0
+    for _ in range(12):
+        row = rng.randrange(len(lines))
+        indent = lines[row][: len(lines[row]) - len(lines[row].lstrip())]
+        kind = rng.choice(["insert", "insert", "delete", "comment"])
+        if kind == "insert":
+            lines.insert(row, rng.choice(["\n", f"{indent}# a note\n", f"{indent}pass\n"]))
+        elif kind == "delete" and (lines[row].strip() in ("", "pass") or "# a note" in lines[row]):
+            del lines[row]
+        else:
+            lines[row] = lines[row].rstrip("\n") + "  # edited\n"
+        text = "".join(lines)
+        got = _lint_incrementally(reparser, text, EXAMPLE)
+        assert got == engine.check_source(text, str(EXAMPLE), RULES).diagnostics
+        carried += sum(len(found) for found in reparser._positions.carried.values())
+    assert carried > 0  # the positions of untouched statements came from the last lint
 
 
 # -- a language-server session ----------------------------------------------------------
