@@ -164,10 +164,14 @@ class _Dispatcher:
             self.parents[node] = ancestors[-1]
         ancestors.append(node)
         self.context.model.visit(node)
-        self._call(self.visitors.get(type(node).__name__, ()), node)
+        handlers = self.visitors.get(type(node).__name__)
+        if handlers:  # most nodes (names, operators, whitespace) have none
+            self._call(handlers, node)
 
     def leave(self, node: cst.CSTNode) -> None:
-        self._call(self.leavers.get(type(node).__name__, ()), node)
+        handlers = self.leavers.get(type(node).__name__)
+        if handlers:
+            self._call(handlers, node)
         self.context.ancestors.pop()
 
 

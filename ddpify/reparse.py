@@ -63,7 +63,14 @@ class Reparser:
                 found = {**last.carried.get(statement, {}), **last.recorded.get(statement, {})}
                 if found:
                     carried[statement] = found
-        self._positions = CarriedPositions(module, text, parents, self.first_rows, carried)
+        self._positions = CarriedPositions(
+            module,
+            text,
+            parents,
+            self.first_rows,
+            carried,
+            lambda statement: self.render.code_of(module, statement),
+        )
         return self._positions
 
     def _remember(self, text: str, module: cst.Module) -> None:

@@ -165,7 +165,11 @@ def test_random_line_edits_keep_positions_and_fixes_of_a_cold_check(seed):
         text = "".join(lines)
         got = _lint_incrementally(reparser, text, EXAMPLE)
         assert got == engine.check_source(text, str(EXAMPLE), RULES).diagnostics
-        carried += sum(len(found) for found in reparser._positions.carried.values())
+        positions = reparser._positions
+        if positions is not None and positions.module is reparser.module:
+            carried += sum(len(found) for found in positions.carried.values())
+            # Found statement by statement, never by the whole-module fallback.
+            assert positions._whole is None
     assert carried > 0  # the positions of untouched statements came from the last lint
 
 
