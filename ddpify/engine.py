@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import re
 import tokenize
@@ -441,8 +442,14 @@ class _FixRenderer:
         self.text = text
         self.positions = positions(module, text, parents)  # the findings' positions too
         self.parents = parents
-        self.row_offsets = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
-        self.body_index = {id(statement): i for i, statement in enumerate(module.body)}
+
+    @functools.cached_property
+    def row_offsets(self) -> list[int]:  # only fixes need them: rendered lazily in the LSP
+        return [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", self.text)]
+
+    @functools.cached_property
+    def body_index(self) -> dict[int, int]:
+        return {id(statement): i for i, statement in enumerate(self.module.body)}
 
     def fix(self, fix: NodeFix) -> Fix | None:
         edit = self.edit(fix)
