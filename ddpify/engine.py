@@ -18,7 +18,7 @@ from ddpify.analysis.guards import Scope, judging_calls_with, rank_zero_scope, r
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
-from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
+from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
@@ -503,6 +503,11 @@ class PendingFixes:
         self._renderer = renderer
         self._rendered: dict[Diagnostic, Fix | None] = {}
 
+    def applicability(self, diagnostic: Diagnostic) -> Applicability | None:
+        """How safe the diagnostic's fix would be, without rendering it (None: no fix)."""
+        node_fix = self._pending.get(dataclasses.replace(diagnostic, fix=None))
+        return None if node_fix is None else node_fix.applicability
+
     def fix(self, diagnostic: Diagnostic) -> Fix | None:
         key = dataclasses.replace(diagnostic, fix=None)
         if key not in self._rendered:
@@ -522,6 +527,10 @@ class _RenderedFixes(PendingFixes):
     def __init__(self, rendered: dict[Diagnostic, Fix | None]) -> None:
         self._pending = {}
         self._rendered = rendered
+
+    def applicability(self, diagnostic: Diagnostic) -> Applicability | None:
+        fix = self.fix(diagnostic)
+        return None if fix is None else fix.applicability
 
     def fix(self, diagnostic: Diagnostic) -> Fix | None:
         return self._rendered.get(dataclasses.replace(diagnostic, fix=None))

@@ -56,6 +56,13 @@ class Linted:
             return diagnostic.fix
         return self.pending_fixes.fix(diagnostic)
 
+    def has_safe_fix(self, diagnostic: Diagnostic) -> bool:
+        pending = self.pending_fixes
+        if pending is not None and pending.applicability(diagnostic) is not Applicability.SAFE:
+            return False  # unsafe or none: no need to render it to know
+        fix = self.fix(diagnostic)
+        return fix is not None and fix.applicability is Applicability.SAFE
+
 
 class PositionConverter:
     """Code-point columns <-> the client's position units, one line at a time."""
@@ -217,10 +224,7 @@ class DdpifyServer(LanguageServer):
         """The fix-all action; its edit is computed now, or on codeAction/resolve when the
         client can ask for it later (the fix loop lints several times: keep the light
         bulb fast)."""
-        if not any(
-            (fix := linted.fix(d)) and fix.applicability is Applicability.SAFE
-            for d in linted.diagnostics
-        ):
+        if not any(linted.has_safe_fix(d) for d in linted.diagnostics):
             return None
         if self.client_resolves_edits():
             return lsp.CodeAction(
