@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import re
 import tokenize
@@ -17,16 +18,20 @@ from ddpify.analysis.guards import Scope, judging_calls_with, rank_zero_scope, r
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
-from ddpify.diagnostics import Diagnostic, Edit, Fix, Location, Severity
+from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
-from ddpify.guarded import GaveUp, guarded, python_rejects, risky
+from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
 from ddpify.walk import walk
 
 PARSE_ERROR_CODE = "DDP000"
 PARSE_ERROR_NAME = "syntax-error"
+
+# (module, text, parents) -> the positions of its nodes: `Positions`, or the language
+# server's, which carry positions over from its last lint (ddpify/carried_positions.py).
+PositionsFactory = Callable[[cst.Module, str, Mapping[cst.CSTNode, cst.CSTNode]], Positions]
 
 _NOQA = re.compile(r"#\s*noqa(?P<codes>:\s*[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)?", re.IGNORECASE)
 
@@ -160,10 +165,14 @@ class _Dispatcher:
             self.parents[node] = ancestors[-1]
         ancestors.append(node)
         self.context.model.visit(node)
-        self._call(self.visitors.get(type(node).__name__, ()), node)
+        handlers = self.visitors.get(type(node).__name__)
+        if handlers:  # most nodes (names, operators, whitespace) have none
+            self._call(handlers, node)
 
     def leave(self, node: cst.CSTNode) -> None:
-        self._call(self.leavers.get(type(node).__name__, ()), node)
+        handlers = self.leavers.get(type(node).__name__)
+        if handlers:
+            self._call(handlers, node)
         self.context.ancestors.pop()
 
 
@@ -185,6 +194,8 @@ class FileResult:
     crashes: list[str] = field(default_factory=list)
     # Other files the findings depend on (a helper's definition): path -> sha256.
     depends_on: dict[str, str] = field(default_factory=dict)
+    # With `check_source(..., fixes=False)`: the findings' fixes, rendered when asked.
+    pending_fixes: PendingFixes | None = None
 
 
 def physical_lines(text: str) -> list[str]:
@@ -280,16 +291,22 @@ def check_source(
     *,
     force: bool = False,
     parser: Callable[[str], cst.Module] | None = None,
+    fixes: bool = True,
+    positions: PositionsFactory | None = None,
 ) -> FileResult:
     """Lint one file's text. `force` parses even when the file never mentions torch;
     `parser` replaces `libcst.parse_module` (the language server re-parses only what an
     edit changed: ddpify/reparse.py); a syntax error still gets CPython's message.
+    `fixes=False` leaves each diagnostic's `fix` empty and renders it only when asked,
+    through `result.pending_fixes` (the language server publishes the findings at once
+    and renders a fix when the editor asks for the actions at its range). `positions`
+    replaces `Positions` (the language server carries positions over from its last lint).
 
     A file that crashes or stalls the parser becomes a DDP000 finding (see guarded.py)."""
     if not force and not mentions_torch(text):
         return FileResult(filename, skipped=True)
     try:
-        return guarded(_check_text, text, filename, rule_types, parser)
+        return guarded(_check_text, text, filename, rule_types, parser, fixes, positions)
     except GaveUp as exc:
         return FileResult(filename, [parse_error(filename, f"cannot analyse: {exc}")])
 
@@ -299,16 +316,24 @@ def _check_text(
     filename: str,
     rule_types: Sequence[type[Rule]],
     parser: Callable[[str], cst.Module] | None = None,
+    fixes: bool = True,
+    positions: PositionsFactory | None = None,
 ) -> FileResult:
     with fewer_collections():
         module = parse(text, filename, parser)
         if isinstance(module, Diagnostic):
             return FileResult(filename, [module])
-        return check_module(module, text, filename, rule_types)
+        return check_module(module, text, filename, rule_types, fixes=fixes, positions=positions)
 
 
 def check_module(
-    module: cst.Module, text: str, filename: str, rule_types: Sequence[type[Rule]]
+    module: cst.Module,
+    text: str,
+    filename: str,
+    rule_types: Sequence[type[Rule]],
+    *,
+    fixes: bool = True,
+    positions: PositionsFactory | None = None,
 ) -> FileResult:
     """Lint a module already parsed from `text` (whose code it is): what `check_source`
     finds in `text`, without parsing it again (migrate's gates parse the output once)."""
@@ -318,8 +343,12 @@ def check_module(
     )
     if reports:
         lines = physical_lines(text)
-        diagnostics = _to_diagnostics(module, reports, filename, text, lines, parents)
+        renderer = _FixRenderer(module, text, parents, positions or Positions)
+        pending: dict[Diagnostic, NodeFix] | None = None if fixes else {}
+        diagnostics = _to_diagnostics(reports, filename, lines, renderer, pending)
         result.diagnostics = _filter_noqa(diagnostics, text, lines)
+        if pending:
+            result.pending_fixes = PendingFixes(pending, renderer)
     return result
 
 
@@ -332,41 +361,37 @@ def check_bytes(data: bytes, filename: str, rule_types: Sequence[type[Rule]]) ->
 
 
 def _to_diagnostics(
-    module: cst.Module,
     reports: list[Report],
     filename: str,
-    text: str,
     lines: list[str],
-    parents: Mapping[cst.CSTNode, cst.CSTNode],
+    renderer: _FixRenderer,
+    pending: dict[Diagnostic, NodeFix] | None = None,
 ) -> list[Diagnostic]:
-    positions = Positions(module, text, parents)
-    renderer = (
-        _FixRenderer(module, text, positions, parents) if any(r.fix for r in reports) else None
-    )
+    """The reports as diagnostics. With `pending`, fixes are not rendered: each fixable
+    diagnostic (without its fix) is mapped there to the replacement to render later."""
     out = []
     for report in reports:
-        span = positions[report.node]
+        span = renderer.positions[report.node]
         start = Location(span.start.line, span.start.column + 1)
         end = Location(span.end.line, span.end.column + 1)
         fix = None
-        if report.fix is not None:
-            edit = renderer.edit(report.fix)
-            if edit is not None:
-                fix = Fix(report.fix.message, report.fix.applicability, (edit,))
+        if report.fix is not None and pending is None:
+            fix = renderer.fix(report.fix)
         rule = report.rule
-        out.append(
-            Diagnostic(
-                rule.CODE,
-                rule.NAME,
-                report.severity,
-                report.message,
-                filename,
-                start,
-                end,
-                fix,
-                tuple(lines[start.row - 1 : end.row]),
-            )
+        diagnostic = Diagnostic(
+            rule.CODE,
+            rule.NAME,
+            report.severity,
+            report.message,
+            filename,
+            start,
+            end,
+            fix,
+            tuple(lines[start.row - 1 : end.row]),
         )
+        if report.fix is not None and pending is not None:
+            pending.setdefault(diagnostic, report.fix)
+        out.append(diagnostic)
     out.sort(key=lambda d: (d.location, d.code))
     return out
 
@@ -411,14 +436,24 @@ class _FixRenderer:
     """
 
     def __init__(
-        self, module: cst.Module, text: str, positions: Positions, parents: Mapping
+        self, module: cst.Module, text: str, parents: Mapping, positions: PositionsFactory
     ) -> None:
         self.module = module
         self.text = text
-        self.positions = positions
+        self.positions = positions(module, text, parents)  # the findings' positions too
         self.parents = parents
-        self.row_offsets = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
-        self.body_index = {id(statement): i for i, statement in enumerate(module.body)}
+
+    @functools.cached_property
+    def row_offsets(self) -> list[int]:  # only fixes need them: rendered lazily in the LSP
+        return [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", self.text)]
+
+    @functools.cached_property
+    def body_index(self) -> dict[int, int]:
+        return {id(statement): i for i, statement in enumerate(self.module.body)}
+
+    def fix(self, fix: NodeFix) -> Fix | None:
+        edit = self.edit(fix)
+        return None if edit is None else Fix(fix.message, fix.applicability, (edit,))
 
     def edit(self, fix: NodeFix) -> Edit | None:
         replacements = dict(fix.replacements)
@@ -457,6 +492,48 @@ class _FixRenderer:
             return self.row_offsets[self._first_row(index + 1) - 1]
         footer = "".join(self.module.code_for_node(line) for line in self.module.footer)
         return len(self.text) - len(footer)
+
+
+class PendingFixes:
+    """Fixes rendered on demand: `fix(diagnostic)` is the `fix` that `check_source` with
+    fixes rendered gives that diagnostic (each rendered once)."""
+
+    def __init__(self, pending: dict[Diagnostic, NodeFix], renderer: _FixRenderer) -> None:
+        self._pending = pending
+        self._renderer = renderer
+        self._rendered: dict[Diagnostic, Fix | None] = {}
+
+    def applicability(self, diagnostic: Diagnostic) -> Applicability | None:
+        """How safe the diagnostic's fix would be, without rendering it (None: no fix)."""
+        node_fix = self._pending.get(dataclasses.replace(diagnostic, fix=None))
+        return None if node_fix is None else node_fix.applicability
+
+    def fix(self, diagnostic: Diagnostic) -> Fix | None:
+        key = dataclasses.replace(diagnostic, fix=None)
+        if key not in self._rendered:
+            node_fix = self._pending.get(key)
+            # Deep statements render in the big-stack thread, as the lint did.
+            rendered = None if node_fix is None else deep(self._renderer.fix, node_fix)
+            self._rendered[key] = rendered
+        return self._rendered[key]
+
+    def __reduce__(self):
+        # Out of a forked child (guarded.py) the tree stays behind: send the fixes rendered.
+        rendered = {key: self.fix(key) for key in self._pending}
+        return (_RenderedFixes, (rendered,))
+
+
+class _RenderedFixes(PendingFixes):
+    def __init__(self, rendered: dict[Diagnostic, Fix | None]) -> None:
+        self._pending = {}
+        self._rendered = rendered
+
+    def applicability(self, diagnostic: Diagnostic) -> Applicability | None:
+        fix = self.fix(diagnostic)
+        return None if fix is None else fix.applicability
+
+    def fix(self, diagnostic: Diagnostic) -> Fix | None:
+        return self._rendered.get(dataclasses.replace(diagnostic, fix=None))
 
 
 def _diff(before: str, after: str, row: int) -> Edit | None:

@@ -19,7 +19,7 @@ from lsprotocol import types as lsp
 
 from ddpify import __version__, engine
 from ddpify.config import Config, ConfigError, load_config
-from ddpify.diagnostics import Applicability, Diagnostic, Edit, Location, Severity
+from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.docs import rule_page
 from ddpify.fixes import fix_until_stable
 from ddpify.gates import GateError
@@ -48,6 +48,20 @@ class Linted:
     lines: list[str]
     diagnostics: list[Diagnostic]
     config: Config
+    # The diagnostics' fixes, rendered when a code action asks (see engine.PendingFixes).
+    pending_fixes: engine.PendingFixes | None = None
+
+    def fix(self, diagnostic: Diagnostic) -> Fix | None:
+        if diagnostic.fix is not None or self.pending_fixes is None:
+            return diagnostic.fix
+        return self.pending_fixes.fix(diagnostic)
+
+    def has_safe_fix(self, diagnostic: Diagnostic) -> bool:
+        pending = self.pending_fixes
+        if pending is not None and pending.applicability(diagnostic) is not Applicability.SAFE:
+            return False  # unsafe or none: no need to render it to know
+        fix = self.fix(diagnostic)
+        return fix is not None and fix.applicability is Applicability.SAFE
 
 
 class PositionConverter:
@@ -113,9 +127,21 @@ class DdpifyServer(LanguageServer):
             config = Config()
             rules = config.rules()
         reparser = self.reparsers.setdefault(uri, Reparser())
-        found = engine.check_source(text, path, rules, force=True, parser=reparser.parse)
+        found = engine.check_source(
+            text,
+            path,
+            rules,
+            force=True,
+            parser=reparser.parse,
+            fixes=False,
+            positions=reparser.positions,
+        )
         linted = Linted(
-            text, engine.physical_lines(text), config.filter(found.diagnostics, path), config
+            text,
+            engine.physical_lines(text),
+            config.filter(found.diagnostics, path),
+            config,
+            found.pending_fixes,
         )
         self.linted[uri] = linted
         return linted
@@ -169,19 +195,20 @@ class DdpifyServer(LanguageServer):
         end = self.positions.from_client(linted.lines, wanted.end)
         actions = []
         for d in linted.diagnostics:
-            if d.fix is None or d.end_location < start or d.location > end:
+            if d.end_location < start or d.location > end:
                 continue
-            safe = d.fix.applicability is Applicability.SAFE
-            title = f"{d.fix.message} ({d.code})" + ("" if safe else " [unsafe]")
+            fix = linted.fix(d)
+            if fix is None:
+                continue
+            safe = fix.applicability is Applicability.SAFE
+            title = f"{fix.message} ({d.code})" + ("" if safe else " [unsafe]")
             actions.append(
                 lsp.CodeAction(
                     title=title,
                     kind=lsp.CodeActionKind.QuickFix,
                     diagnostics=[self.to_lsp(d, linted.lines)],
                     is_preferred=safe,
-                    edit=lsp.WorkspaceEdit(
-                        changes={uri: self.text_edits(d.fix.edits, linted.lines)}
-                    ),
+                    edit=lsp.WorkspaceEdit(changes={uri: self.text_edits(fix.edits, linted.lines)}),
                 )
             )
         return actions
@@ -197,7 +224,7 @@ class DdpifyServer(LanguageServer):
         """The fix-all action; its edit is computed now, or on codeAction/resolve when the
         client can ask for it later (the fix loop lints several times: keep the light
         bulb fast)."""
-        if not any(d.fix and d.fix.applicability is Applicability.SAFE for d in linted.diagnostics):
+        if not any(linted.has_safe_fix(d) for d in linted.diagnostics):
             return None
         if self.client_resolves_edits():
             return lsp.CodeAction(

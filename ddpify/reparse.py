@@ -13,10 +13,13 @@ When any of that fails, the document is parsed whole.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 
 import libcst as cst
 
+from ddpify.carried_positions import CarriedPositions, Relative
 from ddpify.codegen import ModuleText
+from ddpify.positions import Positions
 
 
 class Reparser:
@@ -26,8 +29,10 @@ class Reparser:
         self.text: str | None = None
         self.module: cst.Module | None = None
         self.starts: list[int] = []  # offset of each top-level statement's code (comments first)
+        self.first_rows: dict[cst.CSTNode, int] = {}  # each top-level statement -> that row
         self.render = ModuleText()
         self.reused = 0  # statements reused by the last parse (for tests and benchmarks)
+        self._positions: CarriedPositions | None = None  # the last lint's positions
 
     def parse(self, text: str) -> cst.Module:
         """The module of `text`; raises libcst's ParserSyntaxError like `parse_module`."""
@@ -44,13 +49,41 @@ class Reparser:
     def forget(self) -> None:
         self.__init__()
 
+    def positions(
+        self, module: cst.Module, text: str, parents: Mapping[cst.CSTNode, cst.CSTNode]
+    ) -> Positions:
+        """Positions in the last parse, carried over from the last lint's for the nodes
+        of the statements this parse reused (see ddpify/carried_positions.py)."""
+        if module is not self.module or text != self.text:
+            return Positions(module, text, parents)
+        carried: Relative = {}
+        last = self._positions
+        if last is not None:
+            for statement in module.body:
+                found = {**last.carried.get(statement, {}), **last.recorded.get(statement, {})}
+                if found:
+                    carried[statement] = found
+        self._positions = CarriedPositions(
+            module,
+            text,
+            parents,
+            self.first_rows,
+            carried,
+            lambda statement: self.render.code_of(module, statement),
+        )
+        return self._positions
+
     def _remember(self, text: str, module: cst.Module) -> None:
         self.text, self.module = text, module
-        offset = sum(len(self.render.code_of(module, line)) for line in module.header)
-        self.starts = []
+        header = "".join(self.render.code_of(module, line) for line in module.header)
+        offset, row = len(header), 1 + _line_breaks(header)
+        self.starts, self.first_rows = [], {}
         for statement in module.body:
             self.starts.append(offset)
-            offset += len(self.render.code_of(module, statement))
+            self.first_rows[statement] = row
+            code = self.render.code_of(module, statement)
+            offset += len(code)
+            row += _line_breaks(code)
         self.render.keep_only(module)
 
     def _incremental(self, text: str) -> cst.Module | None:
@@ -113,6 +146,11 @@ class Reparser:
         if region.default_indent != old.default_indent and not _indented(before):
             return False
         return at_start or "\n" in before or "\r" in before
+
+
+def _line_breaks(code: str) -> int:
+    """Line breaks as the parser counts them: \\n, \\r\\n and a lone \\r."""
+    return code.count("\n") + code.count("\r") - code.count("\r\n")
 
 
 def _indented(text: str) -> bool:

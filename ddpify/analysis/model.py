@@ -51,6 +51,21 @@ LAUNCHER_STRINGS = frozenset(
 )
 # Strings the model records because rules ask about them.
 _RECORDED_STRINGS = LAUNCHER_STRINGS | {"CUDA_VISIBLE_DEVICES"}
+# The node types `ScriptModel.visit` records (none has a subclass in libcst): the others,
+# most of a tree, are passed over with one set lookup instead of eight ABC isinstance
+# checks (the language server visits every node on every keystroke).
+_VISITED_TYPES = frozenset(
+    {
+        cst.Call,
+        cst.Import,
+        cst.ImportFrom,
+        cst.Assign,
+        cst.AnnAssign,
+        cst.FunctionDef,
+        cst.For,
+        cst.SimpleString,
+    }
+)
 
 
 def unwrap_call_chain(expr: cst.BaseExpression) -> cst.Call | None:
@@ -80,6 +95,8 @@ class ScriptModel:
     # -- collection, driven by the engine ------------------------------------------
 
     def visit(self, node: cst.CSTNode) -> None:
+        if type(node) not in _VISITED_TYPES:
+            return
         if isinstance(node, cst.Call):
             name = self.imports.qualify(node.func)
             if name is not None:
