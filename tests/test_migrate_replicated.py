@@ -144,3 +144,22 @@ def test_a_loop_that_pulls_its_batch_each_step_is_never_called_full_batch():
     # The real obstacle: the loader's own weighted draw, which a DistributedSampler replaces.
     assert "DataLoader in `make_loader`" in reason
     assert "WeightedRandomSampler((1.0 / counts)[labels], len(labels))" in reason
+
+
+def test_a_set_numbered_in_its_order_is_named_as_data_that_differs_by_rank():
+    """Replicated ranks must build the same data; `enumerate(set(names))` numbers strings
+    in hash order, which differs between torchrun's processes. A sorted set does not."""
+    text = (FIXTURES / "migrate" / "full_batch_graph" / "before.py").read_text()
+    helper = (
+        "def encode(names):\n"
+        "    classes = set(names)\n"
+        "    return {c: i for i, c in enumerate(classes)}\n\n\n"
+        "def encode_sorted(names):\n"
+        "    return {c: i for i, c in enumerate(sorted(list(set(names))))}\n\n\n"
+    )
+    text = text.replace("class GraphConvNet", helper + "class GraphConvNet")
+    result = migrate_source(text, "before.py")
+    assert result.migrated, result.reason
+    notes = [item for item in result.needs_human if "hash randomisation" in item.why]
+    assert len(notes) == 1
+    assert result.output.splitlines()[notes[0].line - 1].strip() == "classes = set(names)"

@@ -256,3 +256,69 @@ def _sampler_behind(view, loader: cst.Call, value, samplers, makers) -> cst.Call
             if found is not None:
                 return found
     return None
+
+
+# -- data that may differ by process ---------------------------------------------------------
+
+# Calls that number or list a set's items in its iteration order.
+ORDER_TAKERS = frozenset({"enumerate", "list", "tuple", "zip", "iter", "dict.fromkeys"})
+
+
+def set_orders(tree) -> list[cst.Call]:
+    """`set(labels)` calls of this module whose iteration order the code keeps (`for i, c
+    in enumerate(set(labels))`, or through a name bound to the set): for strings that
+    order depends on the process's hash seed, so processes may number the items apart."""
+    found = []
+    for call in tree.find(cst.Call):
+        if not _is_builtin_set(tree, call) or len(call.args) != 1:
+            continue
+        if _order_kept(tree, call) or any(
+            _order_kept(tree, use) for use in _uses_of_binding(tree, call)
+        ):
+            found.append(call)
+    return found
+
+
+def _is_builtin_set(tree, call: cst.Call) -> bool:
+    """`set(...)`, the builtin: not a name the module imports or defines as `set`."""
+    if not isinstance(call.func, cst.Name) or call.func.value != "set":
+        return False
+    shadowed = "set" in tree.functions()
+    return tree.qualify(call.func) in (None, "set", "builtins.set") and not shadowed
+
+
+def _order_kept(tree, node: cst.CSTNode) -> bool:
+    if _under_sorted(tree, node):
+        return False
+    parent = tree.parent.get(node)
+    if isinstance(parent, (cst.For, cst.CompFor)) and parent.iter is node:
+        return True
+    if isinstance(parent, cst.Arg):
+        call = tree.parent.get(parent)
+        return isinstance(call, cst.Call) and dotted(call.func) in ORDER_TAKERS
+    return False
+
+
+def _under_sorted(tree, node: cst.CSTNode) -> bool:
+    """`sorted(list(set(labels)))`: the order is made again, the same in every process."""
+    while node is not None and not isinstance(node, cst.BaseStatement):
+        if isinstance(node, cst.Call) and dotted(node.func) == "sorted":
+            return True
+        node = tree.parent.get(node)
+    return False
+
+
+def _uses_of_binding(tree, value: cst.Call) -> list[cst.Name]:
+    """The names read in the same function that `name = set(...)` binds."""
+    assign = tree.parent.get(value)
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return []
+    target = assign.targets[0].target
+    if not isinstance(target, cst.Name):
+        return []
+    scope = tree.function(assign) or tree.module
+    return [
+        node
+        for node in tree.within(scope, cst.Name)
+        if node.value == target.value and node is not target
+    ]

@@ -24,6 +24,7 @@ from ddpify.analysis.unsplittable import (
     ONE_EXAMPLE,
     UnsplittableStep,
     called_bodies,
+    set_orders,
     unsplittable_step,
 )
 from ddpify.migrate import snippets
@@ -75,7 +76,23 @@ def replicate(tree, plan, edits: Edits) -> bool:
     if steps:
         kinds = ", ".join(dict.fromkeys(step.kind for step in steps))
         plan.replicated = POLICY.format(kinds=kinds, seeded=_seeding(tree))
+    if steps or project_replicates(tree):
+        _note_set_orders(tree, plan)
     return bool(steps)
+
+
+def _note_set_orders(tree, plan) -> None:
+    """Replicated ranks must build the same data: a set of strings numbered in its
+    iteration order (class names to indices) is numbered apart by processes whose hash
+    seeds differ, as torchrun's do unless PYTHONHASHSEED is set."""
+    for call in set_orders(tree):
+        plan.needs_human(
+            f"`{tree.code(call)}` is used in its iteration order, which for strings differs "
+            "from process to process (hash randomisation): the replicated ranks may number "
+            "the items (class labels) differently and train on different data; sort it "
+            f"(`sorted({tree.code(call)})`) or run torchrun with PYTHONHASHSEED=0 set",
+            tree.code(tree.statement(call)),
+        )
 
 
 def _seeding(tree) -> str:
