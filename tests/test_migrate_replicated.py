@@ -14,7 +14,7 @@ from tests.helpers import FIXTURES
 
 # case -> (the kind of step, the start of the line the report names to share the work)
 REPLICATED = {
-    "full_batch_graph": ("full batch", "loss_train = F.nll_loss(output[idx_train]"),
+    "full_batch_graph": ("full batch", "output = model(features, adj)"),
     "one_example_steps": ("one example per step", "x, y = Xtr[[step_num]], Ytr[[step_num]]"),
     "bptt_carried_state": ("carried state", "ids = tokens.view(batch_size, -1)"),
 }

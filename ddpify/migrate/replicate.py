@@ -23,7 +23,6 @@ from ddpify.analysis.unsplittable import (
     FULL_BATCH,
     ONE_EXAMPLE,
     UnsplittableStep,
-    called_bodies,
     set_orders,
     unsplittable_step,
 )
@@ -110,14 +109,15 @@ def _seeding(tree) -> str:
 def _speed_up(tree, step: UnsplittableStep) -> tuple[str, str]:
     """The line to change to share the work, and how."""
     if step.kind == FULL_BATCH:
-        loss = _loss_statement(tree, step) or step.statement
-        line = tree.view.code(loss)
+        line = tree.view.code(step.statement)
         return line, (
             f"replicated full-batch step: the model reads only `{step.detail}`, built before "
-            "the loop, so every rank computes the whole step (no speed-up); to share the "
-            "work, give each rank its share of the samples the loss selects here (e.g. "
-            "`idx[RANK::WORLD_SIZE]`) and weight its mean loss by len(share) * WORLD_SIZE / "
-            "len(idx), which keeps the original's global mean"
+            "the loop, so every rank computes the whole step (no speed-up); splitting only "
+            "the samples the loss selects would not share the work, the forward still runs "
+            "over everything; to share it, give each rank its share of the samples this "
+            "forward reads (`X[RANK::WORLD_SIZE]`, when the samples are independent: not a "
+            "graph whose nodes mix) and weight each rank's mean loss by len(share) * "
+            "WORLD_SIZE / len(X), which keeps the original's global mean"
         )
     if step.kind == ONE_EXAMPLE:
         line = tree.view.code(step.statement)
@@ -138,19 +138,6 @@ def _speed_up(tree, step: UnsplittableStep) -> tuple[str, str]:
         "by the rank's rows; the mean loss stays the original's only when the rows divide "
         "by WORLD_SIZE"
     )
-
-
-def _loss_statement(tree, step: UnsplittableStep) -> cst.CSTNode | None:
-    """The assignment of what the step calls `.backward()` on (`loss_train = ...`)."""
-    for body in [step.loop, *called_bodies(tree, step.loop)]:
-        for call in tree.view.within(body, cst.Call):
-            func = call.func
-            if isinstance(func, cst.Attribute) and func.attr.value == "backward":
-                name = dotted(func.value)
-                for assign in tree.view.within(body, cst.Assign):
-                    if any(dotted(t.target) == name for t in assign.targets):
-                        return tree.view.statement(assign)
-    return None
 
 
 def _data_built(tree, step: UnsplittableStep) -> cst.CSTNode | None:
