@@ -163,3 +163,19 @@ def test_a_set_numbered_in_its_order_is_named_as_data_that_differs_by_rank():
     notes = [item for item in result.needs_human if "hash randomisation" in item.why]
     assert len(notes) == 1
     assert result.output.splitlines()[notes[0].line - 1].strip() == "classes = set(names)"
+
+
+def test_tensors_a_function_rebinds_through_global_are_not_full_batch():
+    """`global x` in a helper the loop calls: the model's input may change every step, so
+    the step is not proven full-batch and is not replicated."""
+    source = (
+        "import torch\nmodel = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "x, y = torch.randn(8, 2), torch.randn(8, 1)\n"
+        "def next_chunk():\n    global x\n    x = torch.randn(8, 2)\n"
+        "for epoch in range(3):\n    next_chunk()\n"
+        "    loss = ((model(x) - y) ** 2).mean()\n    loss.backward()\n    opt.step()\n"
+    )
+    result = migrate_source(source, "t.py")
+    assert not result.migrated
+    assert "cannot tell where the batch enters the step" in result.reason

@@ -105,6 +105,9 @@ def _full_batch(tree, loop, models: set[str]) -> UnsplittableStep | None:
     if not calls:
         return None
     bound = set().union(*(_bound_names(body) for body in bodies))
+    # `global X` in a function of the module: X may be rebound each step out of sight.
+    owner = tree.view.owner(loop) if hasattr(tree.view, "owner") else tree
+    bound |= {n.name.value for g in (owner or tree).find(cst.Global) for n in g.names}
     read: list[str] = []
     for call in calls:
         for arg in call.args:
