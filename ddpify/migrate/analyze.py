@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from ddpify.analysis.batches import carried_state, model_calls, single_example
+from ddpify.analysis.batches import carried_state, model_calls
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles from here too
@@ -359,17 +359,6 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
             "bind the batch to a name in the loop (`xb, yb = get_batch()`, then `model(xb)`) "
             "and ddpify splits it by rank there",
         )
-    _refuse_carried_state(loop, models, line)
-    for batch in batches:
-        if single_example(batch.value):
-            stmt = _first_line(tree.view.code(batch.statement))
-            raise NotMigrated(
-                Shape.UNKNOWN,
-                f"`{stmt}` trains on one example per step (in `{line}`) and the project also "
-                "builds a DataLoader or pulls from an iterator, so ddpify cannot prove every "
-                "rank would compute the same step; one example cannot be split across ranks: "
-                "batch the examples (a DataLoader with a batch size and a DistributedSampler)",
-            )
 
 
 def _refuse_unproven_replication(tree: Tree, loop: cst.For, models: set[str], line: str) -> None:
