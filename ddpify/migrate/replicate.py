@@ -38,7 +38,9 @@ TORCH_SEEDS = ("torch.manual_seed", "torch.random.manual_seed")
 POLICY = (
     "replicated: every rank computes the whole training step ({kinds}); DDP averages N "
     "equal gradients, so each step is the original's, the global batch and the learning "
-    "rate are the original's, and there is no speed-up; {seeded}"
+    "rate are the original's, and there is no speed-up, provided every rank builds the "
+    "same data (Python orders a set of strings by a hash seed of its own in each process: "
+    "`PYTHONHASHSEED=0 torchrun ...` pins it) and draws the same random numbers; {seeded}"
 )
 
 
