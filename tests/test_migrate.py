@@ -294,30 +294,46 @@ HAND_MADE = (
 )
 
 
-@pytest.mark.parametrize(
-    ("loop", "reason"),
-    [
-        (
-            "for epoch in range(3):\n    loss = ((model(x) - y) ** 2).mean()\n"
-            "    loss.backward()\n    opt.step()\n",
-            "full-batch training: `loss = ((model(x) - y) ** 2).mean()`",
-        ),
-        (
-            "for i in range(64):\n    xb, yb = x[[i]], y[[i]]\n"
-            "    ((model(xb) - yb) ** 2).mean().backward()\n    opt.step()\n",
-            "`xb, yb = x[[i]], y[[i]]` trains on one example per step",
-        ),
-        (
-            "h = torch.zeros(8, 1)\nfor i in range(0, 64, 8):\n    xb = x[i:i + 8]\n"
-            "    out, h = model(xb, h)\n    out.sum().backward()\n    opt.step()\n",
-            "carries `h` from step to step",
-        ),
-    ],
-)
-def test_hand_made_batches_that_cannot_be_split_are_refused_with_the_line(loop, reason):
+UNSPLITTABLE = [
+    (
+        "for epoch in range(3):\n    loss = ((model(x) - y) ** 2).mean()\n"
+        "    loss.backward()\n    opt.step()\n",
+        "full batch",
+        "`loss = ((model(x) - y) ** 2).mean()`",
+    ),
+    (
+        "for i in range(64):\n    xb, yb = x[[i]], y[[i]]\n"
+        "    ((model(xb) - yb) ** 2).mean().backward()\n    opt.step()\n",
+        "one example per step",
+        "`xb, yb = x[[i]], y[[i]]`",
+    ),
+    (
+        "h = torch.zeros(8, 1)\nfor i in range(0, 64, 8):\n    xb = x[i:i + 8]\n"
+        "    out, h = model(xb, h)\n    out.sum().backward()\n    opt.step()\n",
+        "carried state",
+        "`xb = x[i:i + 8]`",
+    ),
+]
+
+
+@pytest.mark.parametrize(("loop", "kind", "line"), UNSPLITTABLE)
+def test_hand_made_batches_that_cannot_be_split_are_replicated(loop, kind, line):
+    """No split computes these steps as the original did: every rank runs the whole step
+    (migrate/replicate.py), nothing is split, and the report says so."""
     result = migrate_source(HAND_MADE + loop, "t.py")
+    assert result.migrated, result.reason
+    assert f"# ddpify: replicated step ({kind})" in result.output
+    assert "RANK * len(" not in result.output and "lr=0.1)" in result.output
+    assert "Replication: replicated" in render(result)
+
+
+@pytest.mark.parametrize(("loop", "kind", "line"), UNSPLITTABLE)
+def test_they_are_refused_with_the_line_when_a_loader_may_feed_them(loop, kind, line):
+    loader = "from torch.utils.data import DataLoader\nstray = DataLoader(x, batch_size=8)\n"
+    result = migrate_source(HAND_MADE + loader + loop, "t.py")
     assert not result.migrated
-    assert reason in result.reason
+    assert f"keeps its batch whole ({kind}: {line})" in result.reason
+    assert "`stray = DataLoader(x, batch_size=8)` may feed it" in result.reason
 
 
 def test_hand_made_batch_is_split_where_it_enters_the_step():

@@ -21,6 +21,7 @@ from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
 from ddpify.analysis.tree import Tree
+from ddpify.analysis.unsplittable import unsplittable_step
 from ddpify.walk import children
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -618,7 +619,14 @@ def hand_made_batches(tree: Tree) -> list[BatchAssignment]:
     """Where the batches of this module's loops that use no DataLoader enter the step."""
     _, unresolved = train_loaders(tree)
     models = model_names(tree)
-    return [batch for loop in unresolved for batch in batch_assignments(loop, models)]
+    # A step that keeps its batch whole (one example, carried state) is not split: it runs
+    # whole on every rank (analysis/unsplittable.py, migrate/replicate.py).
+    return [
+        batch
+        for loop in unresolved
+        if unsplittable_step(tree, loop, models) is None
+        for batch in batch_assignments(loop, models)
+    ]
 
 
 def project_has_hand_made_batches(tree: Tree) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from ddpify.analysis.batches import carried_state, model_calls, single_example
+from ddpify.analysis.batches import carried_state, model_calls
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles from here too
@@ -43,6 +43,14 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
 )
 from ddpify.analysis.streams import is_sharded, training_stream
 from ddpify.analysis.tree import Tree
+from ddpify.analysis.unsplittable import (
+    PulledBatch,
+    drawing_loaders,
+    pulled_batch,
+    replication_blocker,
+    step_shape,
+    unsplittable_step,
+)
 from ddpify.migrate.report import Change, HumanItem
 
 INIT_PG = "torch.distributed.init_process_group"
@@ -101,6 +109,7 @@ class Plan:
     amp_existing: bool = False
     needs: set[str] = field(default_factory=set)  # imports the passes used: os, dist, ...
     hand_made: str | None = None  # how hand-made batches were sharded, for the report
+    replicated: str | None = None  # why and how steps run whole on every rank, for the report
     entry: bool = True  # the script that starts the run (not a module it imports)
 
     def change(self, pass_name: str, description: str, anchor: str | None, code=None) -> None:
@@ -312,8 +321,10 @@ def _refuse_unshardable_stream(tree: Tree, loader: Loader) -> None:
 
 def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
     """A loop without a DataLoader is migrated when its batch enters the step at an
-    assignment in the loop (sharded there by rank); not when it trains full-batch or on
-    one example at a time, which no split across ranks computes the same way."""
+    assignment in the loop (sharded there by rank), or when the analysis proves its step
+    keeps the batch whole and draws from no loader (full batch, one example, carried
+    state: replicated on every rank, migrate/replicate.py); otherwise it is refused with
+    what it takes its batch from."""
     line = tree.view.code(loop).strip().splitlines()[0]
     models = model_names(tree)
     if stream_batch(tree, loop) is not None:
@@ -332,25 +343,69 @@ def _refuse_unsplittable_batches(tree: Tree, loop: cst.For) -> None:
         )
     if not batches and isinstance(loop, cst.For):
         _refuse_unknown_iterable(tree, loop, line)
+    if unsplittable_step(tree, loop, models) is not None:
+        return  # every rank computes the whole step (migrate/replicate.py)
+    pulled = pulled_batch(tree, loop)
+    if pulled is not None and not batches:
+        _refuse_pulled_batch(tree, line, pulled)
+    _refuse_unproven_replication(tree, loop, models, line)
     if not batches:
         forward = _first_line(tree.view.code(tree.view.statement(calls[0]))) if calls else None
         where = f"`{forward}` in the loop `{line}`" if forward else f"the loop `{line}`"
         raise NotMigrated(
             Shape.UNKNOWN,
-            f"full-batch training: {where} uses tensors built before the loop, so every rank "
-            "would compute the same step; split the data by rank yourself (e.g. the training "
-            "indices `idx[RANK::WORLD_SIZE]`, weighting the loss by each shard's size), or keep "
-            "it on one process",
+            f"cannot tell where the batch enters the step of {where}: the model is not called "
+            "there with a batch bound in the loop, nor only with tensors built before it; "
+            "bind the batch to a name in the loop (`xb, yb = get_batch()`, then `model(xb)`) "
+            "and ddpify splits it by rank there",
         )
-    _refuse_carried_state(loop, models, line)
-    for batch in batches:
-        if single_example(batch.value):
-            stmt = _first_line(tree.view.code(batch.statement))
-            raise NotMigrated(
-                Shape.UNKNOWN,
-                f"`{stmt}` trains on one example per step (in `{line}`); one example cannot be "
-                "split across ranks; batch the examples (a DataLoader with a batch size) first",
-            )
+
+
+def _refuse_unproven_replication(tree: Tree, loop: cst.For, models: set[str], line: str) -> None:
+    """A step that keeps its batch whole would run whole on every rank, but only where
+    nothing shows it may draw from a loader: here something does."""
+    step = step_shape(tree, loop, models)
+    blocker = replication_blocker(tree, loop)
+    if step is None or blocker is None:
+        return
+    stmt = _first_line(tree.view.code(step.statement))
+    what = _first_line(tree.view.code(tree.view.statement(blocker) or blocker))
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"the step of `{line}` keeps its batch whole ({step.kind}: `{stmt}`), which ddpify "
+        f"runs whole on every rank only when the step provably draws from no loader, and "
+        f"`{what}` may feed it; split the data by rank yourself where it is built, or feed "
+        "the step from a DataLoader ddpify can shard",
+    )
+
+
+def _refuse_pulled_batch(tree: Tree, line: str, pulled: PulledBatch) -> None:
+    """`inputs = next(fetcher)` each step from something ddpify cannot trace to a
+    DataLoader it can shard: name the pull, what made the iterator, and the project's
+    loaders whose own sampler a DistributedSampler would replace."""
+    stmt = _first_line(tree.view.code(pulled.statement))
+    made = ""
+    values = _bindings(tree).get(pulled.source or "", [])
+    if len(values) == 1:
+        made = f" (`{pulled.source} = {_first_line(tree.view.code(values[0]))}`)"
+    where = "the code that builds the training loaders"
+    drawing = drawing_loaders(tree)
+    if drawing:
+        first = drawing[0]
+        builder = f" in `{first.function}`" if first.function else ""
+        sampler = _first_line(tree.view.code(first.sampler))
+        where = (
+            f"the DataLoader{builder}, which draws with `{sampler}` ({first.kind}): a "
+            "DistributedSampler would replace that draw, so keep it and give each rank its "
+            "share (draw the indices with a generator seeded alike on every rank and the "
+            "epoch, then keep `indices[RANK::WORLD_SIZE]`)"
+        )
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"the training loop `{line}` takes its batch each step with `{stmt}`{made}, which "
+        "ddpify cannot trace to a DataLoader it can shard, so every rank would train on the "
+        f"same batches; shard the data by rank in {where}, then run under torchrun",
+    )
 
 
 def _refuse_carried_state(loop: cst.CSTNode, models: set[str], line: str) -> None:

@@ -39,6 +39,7 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.replicate import project_replicates, replicate
 from ddpify.migrate.streams import shard_streams, stream_of, unsharded_stream_note
 
 NAME = "data"
@@ -82,6 +83,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _note_unsharded(tree, plan, loaders)
         _note_sharded_evaluation(tree, plan, loaders)
         hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
+        # A step replicated on every rank keeps the original's global batch too.
+        hand_made = replicate(tree, plan, edits) or project_replicates(tree) or hand_made
         if hand_made and not loaders:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:

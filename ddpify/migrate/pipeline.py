@@ -204,6 +204,7 @@ def _result(filename: str, text: str, output: str, plan: Plan) -> MigrationResul
         lr_rule=plan.lr_rule,
         amp=_amp_label(plan),
         hand_made=plan.hand_made,
+        replicated=plan.replicated,
     )
 
 

@@ -52,6 +52,7 @@ class ProjectMigration:
             if result.lr_scaling != "none":
                 entry.lr_scaling, entry.lr_rule = result.lr_scaling, result.lr_rule
             entry.hand_made = entry.hand_made or result.hand_made
+            entry.replicated = entry.replicated or result.replicated
             if result.amp != entry.amp and result.amp not in ("off", "unchanged"):
                 entry.amp = result.amp
         return entry

@@ -45,6 +45,7 @@ class MigrationResult:
     lr_rule: str | None = None  # the rule's name as written in the output's comment
     amp: str = "off"
     hand_made: str | None = None  # how hand-made batches were sharded, if any
+    replicated: str | None = None  # the replicated steps' policy (migrate/replicate.py), if any
 
     @property
     def changed(self) -> bool:
@@ -138,6 +139,8 @@ class MigrationResult:
     def _render_numbers(self, write) -> None:
         """First, the choices that change the numbers a run produces."""
         policy = "global (hand-made batches split)" if self.hand_made else self.batch_policy
+        if self.replicated:
+            policy = "replicated (every rank computes the whole step)"
         write(f"\nBatch policy: {policy}")
         if self.lr_scaling != "none":
             write(f"; learning rate scaled by the {self.lr_rule}")
@@ -146,6 +149,8 @@ class MigrationResult:
         write(f". Mixed precision: {self.amp}.\n")
         if self.hand_made:
             write(f"Sharding: {self.hand_made}.\n")
+        if self.replicated:
+            write(f"Replication: {self.replicated}.\n")
 
 
 class _Substrings:
