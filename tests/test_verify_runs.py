@@ -74,6 +74,9 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
         pairs[f"{case}/{name}"] = (VERIFY / case / "original.py", VERIFY / case / name, {})
     global_policy = {"batch_policy": "global", "lr_scale": None}  # the markers say per-rank
     pairs["global policy"] = (MLP / "original.py", MLP / "converted.py", global_policy)
+    mixup = {"script_args": ["--mixup"]}
+    augment = VERIFY / "augment"
+    pairs["mixup"] = (augment / "original.py", augment / "converted.py", mixup)
     no_epochs = {"script_args": ["--epochs", "0"]}
     pairs["no epochs"] = (MLP / "original.py", MLP / "converted.py", no_epochs)
     return pairs
@@ -165,6 +168,8 @@ OWN_FIXTURES = [
     ("transformer", "random draw(s) in the training loop"),
     ("cnn_bn", "BatchNorm statistics all-reduced across the processes by the probe"),
     ("amp_clip", "DDP044 at line 47: scaler.unscale_() before gradient clipping"),
+    ("augment", "random augmentation drawn per sample from a seed of its index: aligned"),
+    ("toy_stream", "each process took its block of the same batch"),
 ]
 
 
@@ -186,6 +191,11 @@ OWN_PLANTED_BUGS = [
     ("gan", "bug_discriminator_not_wrapped.py", "gradients of rank 1 differ from rank 0's"),
     ("cnn_bn", "bug_no_sync_batchnorm.py", "BatchNorm without SyncBatchNorm"),
     ("transformer", "bug_forward_bypasses_ddp.py", "gradients of rank 1 differ from rank 0's"),
+    # Augmented per sample, the data are compared again: a missing sampler is named as such.
+    ("augment", "bug_no_sampler.py", "every process saw the same batch"),
+    # Hand-made batches: conclusive, so a wrong conversion is a mismatch, not inconclusive.
+    ("toy_stream", "bug_loss_divided.py", "0.5x the original's"),
+    ("toy_stream", "bug_seed_per_rank.py", "the ranks split different batches"),
 ]
 
 
@@ -196,6 +206,14 @@ def test_own_planted_bug_fails(case, converted, says, device_env, batched):
     result = batched(device_env)[f"{case}/{converted}"]
     assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
     assert says in result.message
+
+
+@in_batch
+def test_random_numbers_drawn_outside_the_seeded_fetch_stay_inconclusive(batched):
+    """Mixup in collate_fn draws for the whole batch, outside any one sample's fetch."""
+    result = batched("cpu")["mixup"]
+    assert (result.exit_code, result.verdict) == (2, "inconclusive"), result.message
+    assert any("the data pipeline draws random numbers" in r for r in result.inconclusive)
 
 
 @pytest.mark.gpu

@@ -192,6 +192,13 @@ def compare_runs(
     rtol, atol, label = tolerance_for(original, converted, rtol, atol)
     result.tolerance = (rtol, atol)
     result.notes.append(f"tolerance ({label})")
+    padded = first_padded_step(converted)
+    if padded is not None:
+        note_padding(converted, padded, result)
+        original, converted = (
+            before_step(original, padded),
+            [before_step(r, padded) for r in converted],
+        )
     read_flags(original, converted, nproc, result)
     ranks = {(s["optimizer"], s["step"]): s for s in original["steps"]}
     converted_steps = [{(s["optimizer"], s["step"]): s for s in r["steps"]} for r in converted]
@@ -201,7 +208,7 @@ def compare_runs(
             f"compared the {len(keys)} optimizer steps both runs reached "
             f"(original {len(ranks)}, converted {len(converted_steps[0])})"
         )
-    check_batch_policy(original, converted[0], nproc, batch_policy, result)
+    check_batch_policy(original, converted, nproc, batch_policy, result)
     for key in keys:
         step_checks(
             key,
@@ -215,6 +222,42 @@ def compare_runs(
         )
     final_checks(original, converted, keys, rtol, atol, result)
     return result
+
+
+def first_padded_step(converted: list[dict]) -> int | None:
+    """The first step at which a rank trained on samples the DistributedSampler repeated to
+    pad the epoch (a dataset not divisible by the number of processes)."""
+    steps = [s["step"] for r in converted for s in r["steps"] if s.get("padded")]
+    return min(steps, default=None)
+
+
+def before_step(record: dict, step: int) -> dict:
+    """The record as if the run had stopped before `step`: its steps before it, and as final
+    weights those the step's gradients were computed at (recorded from step 2 on)."""
+    final = {
+        s["optimizer"]: s["weights"]
+        for s in record["steps"]
+        if s["step"] == step and s.get("weights") is not None
+    }
+    steps = [s for s in record["steps"] if s["step"] < step]
+    # A draw records how many steps the first optimizer had taken (the draws of step i's
+    # batch come after step i - 1).
+    draws = [d for d in record.get("draws", []) if len(d) < 5 or d[4] < step - 1]
+    return {**record, "steps": steps, "final": final, "draws": draws}
+
+
+def note_padding(converted: list[dict], step: int, result: Comparison) -> None:
+    size, replicas = next(r["flags"]["padded"] for r in converted if r["flags"].get("padded"))
+    repeated = sum(s.get("padded", 0) for r in converted for s in r["steps"] if s["step"] == step)
+    reason = (
+        f"the DistributedSampler pads the epoch: {size} samples do not divide by {replicas} "
+        f"processes, so at step {step} the ranks trained on {repeated} repeated sample(s) the "
+        "single process does not see (DDP's design; drop_last=True in the sampler avoids it)"
+    )
+    if step <= 1:
+        result.inconclusive.append(f"nothing to compare: {reason}")
+    else:
+        result.notes.append(f"compared the steps before step {step} only: {reason}")
 
 
 def read_flags(original: dict, converted: list[dict], nproc: int, result: Comparison) -> None:
@@ -243,6 +286,12 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
             f"sum-reduced loss ({loss}, reduction='sum'): DDP averages gradients over processes, "
             "so each step gives 1/N of the original's gradient by design"
         )
+    if any_flag("seeded_augmentation", both) and not any_flag("augmentation", both):
+        result.notes.append(
+            "random augmentation drawn per sample from a seed of its index: aligned (each "
+            "`dataset[i]` ran with the generators seeded from the sample's index and the pass "
+            "over its loader, whichever process fetched it, and restored afterwards)"
+        )
     if any_flag("augmentation", both):
         result.inconclusive.append(
             "the data pipeline draws random numbers (random augmentation?): the N processes "
@@ -263,6 +312,13 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
     sampler = any_flag("unaligned_sampler", both)
     if sampler:
         result.inconclusive.append(f"data order could not be aligned: {sampler}")
+    fresh = any_flag("fresh_entropy", both)
+    if fresh:
+        result.notes.append(
+            f"{fresh} without a seed takes fresh entropy from the OS, which no two processes "
+            "share: the probe seeded each such generator, in the order the script makes them, "
+            "the same in both runs"
+        )
     dropout = any_flag("dropout_off", both)
     if dropout:
         result.notes.append(
@@ -347,13 +403,14 @@ def training_loader(record: dict) -> dict | None:
     return None
 
 
-def check_batch_policy(original, converted, nproc, batch_policy, result) -> None:
-    ours, theirs = training_loader(original), training_loader(converted)
+def check_batch_policy(original, converted: list[dict], nproc, batch_policy, result) -> None:
+    ours, theirs = training_loader(original), training_loader(converted[0])
     if ours is None or theirs is None:
-        result.caveats.append(
-            "no DataLoader feeds the training loop: the batches are compared as the scripts "
-            "make them, and the batch size is not adjusted"
-        )
+        if not check_hand_split(converted, result):
+            result.caveats.append(
+                "no DataLoader feeds the training loop: the batches are compared as the scripts "
+                "make them, and the batch size is not adjusted"
+            )
         return
     native, per_process = ours["batch_size"], theirs["batch_size"]
     if native is None or per_process is None:
@@ -379,6 +436,44 @@ def check_batch_policy(original, converted, nproc, batch_policy, result) -> None
                 f"policy expects {expected} (original batch {native}, {nproc} processes)",
             )
         )
+
+
+def check_hand_split(converted: list[dict], result: Comparison) -> bool:
+    """Whether every rank split its hand-made batch where the migration split it (the probe
+    saw `x[RANK * len(x) // WORLD_SIZE : ...]` before every step of the first optimizer), and
+    all ranks split the same batch at each step. Then the global batch is the one the script
+    makes, the original runs it unchanged and the batches need no caveat; ranks that split
+    different batches (a stream seeded per rank) are a data mismatch."""
+    splits = [[s for s in r["steps"] if s.get("split")] for r in converted]
+    wanted = max(sum(1 for s in r["steps"] if s["optimizer"] == 0) for r in converted)
+    if not wanted or any(len(rank) < wanted for rank in splits):
+        return False
+    for index, step in enumerate(splits[0]):
+        data = step["split"]["data"]
+        if any(not same_data(rank[index]["split"]["data"], data) for rank in splits[1:]):
+            result.findings.append(
+                Finding(
+                    step["step"],
+                    "data",
+                    None,
+                    f"at step {step['step']} the ranks split different batches (each rank its "
+                    "block of a batch of its own: the batches are made with a seed per rank?), "
+                    "so together they did not train on one batch",
+                )
+            )
+            return True
+    result.notes.append(
+        "hand-made batches split by rank where `ddpify migrate` split them: at every step "
+        "each process took its block of the same batch, and the original trained on that "
+        "whole batch as its script makes it"
+    )
+    return True
+
+
+def same_data(mine: list[float], theirs: list[float]) -> bool:
+    """Whether two (count, sum, sum of squares) summaries describe the same batch."""
+    scale = DATA_RTOL * (abs(mine[2]) + 1.0)
+    return mine[0] == theirs[0] and all(abs(a - b) <= scale for a, b in zip(mine[1:], theirs[1:]))
 
 
 def step_checks(key, ours, theirs, original, converted, rtol, atol, result) -> None:
