@@ -14,6 +14,13 @@ What it does to the run (the same in both runs unless said otherwise):
   masks of dropout, dropout1d/2d/3d and attention dropout) are made equal across 1 and N
   processes: each draw is made whole, at the single process's shape, and every rank keeps its
   slice along the batch dimension (see RandomDraws); alpha dropout is switched off;
+- each sample of a map-style dataset is fetched with the global generators (torch CPU,
+  random, numpy) seeded from its index and the pass over its loader, and restored after it,
+  so random augmentation is the same whichever process fetches the sample (patch_map_fetcher);
+  `np.random.default_rng()` without a seed gets the same seed in both runs;
+- in the converted run, a hand-made batch split by rank as migrate writes it is recognised
+  (watch_block_splits): draws shaped by the per-process batch keep this rank's block;
+- samples the DistributedSampler repeats to pad an epoch are counted per step;
 - BatchNorm in training mode computes its batch statistics in Python in both runs; in the
   converted run they are all-reduced across the ranks (SyncBatchNorm's math, autograd included)
   for SyncBatchNorm modules, and for plain BatchNorm on CPU when the script converts to
