@@ -62,6 +62,15 @@ SyncBatchNorm modules, and on CPU for plain BatchNorm when the script converts t
 on CUDA only (as `ddpify migrate` writes it). A conversion without SyncBatchNorm keeps each
 rank's own statistics, and the mismatch it causes names that cause.
 
+Weights that drift apart: an adaptive optimizer (Adam) turns gradient rounding near its eps
+into steps of up to the learning rate, so after matching gradients the runs may continue from
+weights that differ past the tolerance, and their later gradients differ too. At the first
+step whose gradients differ from weights that drifted, the comparison ends when replaying
+each run's optimizer steps (in the order taken, optimizers sharing parameters over the same
+tensors) on its own recorded gradients reproduces both runs' weights there and the optimizers'
+settings agree: the verdict covers the steps before it, and the learning rate, the data and
+the ranks' agreement are still checked at every step. Otherwise it is inconclusive.
+
 Fixed bugs: the original runs with the number-changing fixes the migration made (unscale_
 before clipping, set_epoch), applied by ddpify's own rule fixes to a temporary copy
 (original_fixes.py), and the notes say which.

@@ -736,6 +736,8 @@ class Probe:
         if step == 1:
             self.record["initial"][index] = [snapshot(p) for p in self.params(opt)]
             self.record["names"][index] = parameter_names(self.params(opt), self.torch)
+            # which tensors optimizers share (compare replays them together; names can clash)
+            self.record.setdefault("param_ids", {})[index] = [id(p) for p in self.params(opt)]
             self.record["optimizers"][index]["groups"] = group_settings(opt)
         native_lrs = [lr_value(group["lr"]) for group in opt.param_groups]
         scale = self.lr_scale(opt, native_lrs)
