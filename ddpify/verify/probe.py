@@ -132,7 +132,10 @@ class Probe:
         self.seeding_depth = 0  # inside a per-sample seeded dataset fetch
         self.script_splits_batches = False  # the migration split hand-made batches by rank
         self.pending_split: dict | None = None
-        self.padded_pending = 0  # samples the DistributedSampler repeated to pad the epoch
+        # samples a DistributedSampler repeated to pad the epoch: drawn for the batch being
+        # made, and per loader since the last step (only the loader feeding a step counts)
+        self.padded_now = 0
+        self.padded_pending: dict[int | None, int] = {}
 
     # -- flags ---------------------------------------------------------------------------------
 
@@ -344,7 +347,12 @@ class Probe:
             if probe.rng_changed(before, after):
                 probe.flag("augmentation")
             probe.rng_checkpoint = after if probe.rng_checkpoint is not None else None
-            probe.note_batch(getattr(self, "_ddpify_loader", None), batch)
+            loader = getattr(self, "_ddpify_loader", None)
+            if probe.padded_now:
+                padded = probe.padded_pending
+                padded[loader] = padded.get(loader, 0) + probe.padded_now
+                probe.padded_now = 0
+            probe.note_batch(loader, batch)
             return batch
 
         dataloader_module._BaseDataLoaderIter.__init__ = make_iter
@@ -394,7 +402,7 @@ class Probe:
         one the single process does not train on in that epoch; compare stops there."""
         for k, index in enumerate(chosen):
             if rank + k * replicas >= size:
-                self.padded_pending += 1
+                self.padded_now += 1
                 self.flag("padded", [size, replicas])
             yield index
 
@@ -758,12 +766,12 @@ class Probe:
                 "loader": self.last_loader,
                 "data": list(data) if data else None,
                 "split": self.pending_split,
-                "padded": self.padded_pending,
+                "padded": self.padded_pending.get(self.last_loader, 0),
             }
         )
         self.pending_data.clear()
         self.pending_split = None
-        self.padded_pending = 0
+        self.padded_pending.clear()
 
     def lr_scale(self, opt, native_lrs: list[float]) -> float:
         """The original's LR multiplier, decided at its first step and kept for every step."""
