@@ -77,6 +77,9 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
     mixup = {"script_args": ["--mixup"]}
     augment = VERIFY / "augment"
     pairs["mixup"] = (augment / "original.py", augment / "converted.py", mixup)
+    # 63 samples, 24 per process: step 2 trains on a sample the DistributedSampler repeated
+    padded = {"script_args": ["--samples", "63", "--batch-size", "24"]}
+    pairs["padded"] = (augment / "original.py", augment / "converted.py", padded)
     no_epochs = {"script_args": ["--epochs", "0"]}
     pairs["no epochs"] = (MLP / "original.py", MLP / "converted.py", no_epochs)
     return pairs
@@ -214,6 +217,14 @@ def test_random_numbers_drawn_outside_the_seeded_fetch_stay_inconclusive(batched
     result = batched("cpu")["mixup"]
     assert (result.exit_code, result.verdict) == (2, "inconclusive"), result.message
     assert any("the data pipeline draws random numbers" in r for r in result.inconclusive)
+
+
+@in_batch
+def test_steps_after_the_sampler_pads_the_epoch_are_not_compared(batched):
+    result = batched("cpu")["padded"]
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    assert [row.step for row in result.steps if row.compared == "gradients"] == [1]
+    assert any("compared the steps before step 2 only" in n for n in result.notes), result.notes
 
 
 @pytest.mark.gpu
