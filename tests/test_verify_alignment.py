@@ -112,6 +112,7 @@ class StubProbe:
     def __init__(self, rank: int, world: int) -> None:
         self.torch, self.rank, self.world, self.role = torch, rank, world, "converted"
         self.record = {"draws": [], "flags": {}}
+        self.seeding_depth, self.optimizers = 0, []
 
 
 @pytest.mark.parametrize("as_numpy", [False, True])
@@ -286,3 +287,117 @@ def test_sync_batch_norm_is_looked_for_in_the_modules_the_script_imports(tmp_pat
     (tmp_path / "alone.py").write_text("import torch\n", encoding="utf-8")
     assert probe.project_mentions_sync_batch_norm(str(tmp_path / "train.py"))
     assert not probe.project_mentions_sync_batch_norm(str(tmp_path / "alone.py"))
+
+
+# -- random augmentation, hand-made batches, padding ---------------------------------------------
+
+
+def test_a_sample_gets_one_seed_whoever_fetches_it():
+    seed = probe.sample_seed(5, 1)
+    assert seed == probe.sample_seed(torch.tensor(5), 1) == probe.sample_seed(5, 1)
+    assert seed != probe.sample_seed(6, 1) and seed != probe.sample_seed(5, 2)
+    assert 0 <= seed < 2**32  # numpy takes no larger seed
+
+
+def test_only_datasets_fetched_one_sample_at_a_time_are_seeded_per_sample():
+    from torch.utils.data import Subset, TensorDataset
+
+    class Batched(TensorDataset):
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    plain = TensorDataset(torch.arange(4.0))
+    assert probe.fetches_per_sample(plain)
+    assert probe.fetches_per_sample(Subset(plain, [0, 2]))  # torch's loop over plain[i]
+    assert not probe.fetches_per_sample(Batched(torch.arange(4.0)))
+    assert not probe.fetches_per_sample(Subset(Batched(torch.arange(4.0)), [1]))
+
+
+@pytest.mark.parametrize(("rows", "world"), [(8, 2), (7, 2), (10, 3)])
+def test_a_block_split_batch_gets_the_rows_of_its_block(rows, world):
+    """A hand-made batch split as migrate splits it: rank r's draw rows are its block's."""
+    whole = torch.arange(float(rows * 3)).reshape(rows, 3)
+    for rank in range(world):
+        start, stop = probe.block_bounds(rows, rank, world)
+        draws = probe.RandomDraws(StubProbe(rank, world))
+        draws.rows, draws.block = stop - start, (start, rows)
+        assert draws.whole_size(stop - start) == rows
+        assert torch.equal(draws.rank_part(whole, 0, stop - start), whole[start:stop])
+
+
+def hand_made(grads, rank=0, split=(8.0, 1.0, 2.0)):
+    made = record(grads, rank=rank)
+    made["loaders"] = []
+    made["steps"][0].update(loader=None, data=None)
+    if split is not None:
+        made["steps"][0]["split"] = {"rows": 8, "block": [0, 4], "data": list(split)}
+    return made
+
+
+def test_a_hand_made_batch_split_by_rank_is_compared_conclusively():
+    original = hand_made(GRADS, split=None)
+    matched = verdict(original, [hand_made(GRADS, rank) for rank in (0, 1)])
+    assert matched.verdict == "match", matched.message
+    assert any("each process took its block of the same batch" in n for n in matched.notes)
+    halved = verdict(original, [hand_made([g / 2 for g in GRADS], rank) for rank in (0, 1)])
+    assert (halved.exit_code, halved.verdict) == (1, "mismatch"), halved.message
+
+
+def test_without_the_split_a_hand_made_batch_difference_stays_inconclusive():
+    original = hand_made(GRADS, split=None)
+    result = verdict(original, [hand_made([g / 2 for g in GRADS], r, None) for r in (0, 1)])
+    assert (result.exit_code, result.verdict) == (2, "inconclusive")
+    assert "no DataLoader feeds the training loop" in result.message
+
+
+def test_ranks_that_split_different_batches_are_a_data_mismatch():
+    original = hand_made(GRADS, split=None)
+    converted = [hand_made(GRADS, 0), hand_made(GRADS, 1, split=(8.0, 3.0, 2.0))]
+    result = verdict(original, converted)
+    assert (result.exit_code, result.verdict) == (1, "mismatch")
+    assert "the ranks split different batches" in result.message
+
+
+def two_steps(grads_2, rank=0, padded=0):
+    """A run of two steps; the second on a batch the DistributedSampler padded or not."""
+    data = (2.0, 0.5, 1.0) if rank is not None else (4.0, 1.0, 2.0)  # each rank half the batch
+    run = record(GRADS, rank=rank or 0, data=data)
+    weights = [p - 0.1 * g for p, g in zip(run["initial"][0], GRADS)]
+    second = {**run["steps"][0], "step": 2, "grads": grads_2, "weights": weights}
+    run["steps"][0]["padded"], second["padded"] = 0, padded
+    run["steps"].append(second)
+    run["final"] = {0: [w - 0.1 * g for w, g in zip(weights, grads_2)]}
+    run["draws"] = [["randn", [4, 6], 0, "s1", 0], ["randn", [6, 6], 0, "s2", 1]]
+    if padded:
+        run["flags"]["padded"] = [7, 2]
+    return run
+
+
+def test_steps_on_padded_batches_are_left_out_of_the_comparison():
+    original = two_steps(GRADS, rank=None)
+    original["draws"][1][1] = [5, 6]  # the original's last batch is smaller
+    other = [g + 1 for g in GRADS]
+    converted = [two_steps(other, rank, padded=1) for rank in (0, 1)]
+    comparison = compare_runs(original, converted, 2, "per-rank")
+    result = conclude(VerifyResult(2, "error", ""), comparison, 2)
+    assert result.verdict == "match", result.message
+    assert [r.step for r in result.steps if r.compared == "gradients"] == [1]
+    assert any(r.compared == "weights after step 1" for r in result.steps)
+    assert any("compared the steps before step 2 only" in n for n in result.notes), result.notes
+    unpadded = verdict(original, [two_steps(other, rank) for rank in (0, 1)])
+    assert unpadded.verdict != "match"
+
+
+def test_generators_made_without_a_seed_get_the_same_one_in_every_run(monkeypatch):
+    numpy = pytest.importorskip("numpy")
+    native = numpy.random.default_rng
+    draws = []
+    for _ in range(2):  # two runs of the same script, each under its own probe
+        monkeypatch.setattr(numpy.random, "default_rng", native)
+        run = probe.Probe({"role": "original", "steps": 1})
+        run.seed_fresh_numpy_generators()
+        first, second = numpy.random.default_rng(), numpy.random.default_rng(seed=None)
+        draws.append((first.random(3).tolist(), second.random(3).tolist()))
+        assert run.record["flags"]["fresh_entropy"] == "numpy.random.default_rng()"
+        assert numpy.random.default_rng(7).random() == native(7).random()  # the script's own
+    assert draws[0] == draws[1] and draws[0][0] != draws[0][1]

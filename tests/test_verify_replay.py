@@ -21,11 +21,11 @@ LR = 1e-3
 INITIAL = [torch.linspace(-1, 1, 8)]
 
 
-def adam_record(grads_per_step, rank=None, actual_lr=LR, flags=None):
+def adam_record(grads_per_step, rank=None, actual_lr=LR, flags=None, betas=(0.9, 0.999)):
     """The record of a run that took one Adam step per entry of grads_per_step: the original's
     (rank None) or a converted rank's, which saw half of each batch."""
     param = torch.nn.Parameter(INITIAL[0].clone())
-    opt = torch.optim.Adam([param], lr=actual_lr)
+    opt = torch.optim.Adam([param], lr=actual_lr, betas=betas)
     steps = []
     for step, grad in enumerate(grads_per_step, start=1):
         steps.append(
@@ -37,11 +37,12 @@ def adam_record(grads_per_step, rank=None, actual_lr=LR, flags=None):
                 "grads": [grad.clone()],
                 "loader": 0,
                 "data": [4.0, 1.0, 2.0] if rank is None else [2.0, 0.5, 1.0],
+                "weights": [param.detach().clone()] if step > 1 else None,
             }
         )
         param.grad = grad.clone()
         opt.step()
-    groups = [{"params": 1, "lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0}]
+    groups = [{"params": 1, "lr": LR, "betas": betas, "eps": 1e-8, "weight_decay": 0}]
     return {
         "rank": rank or 0,
         "flags": flags or {},
@@ -51,6 +52,7 @@ def adam_record(grads_per_step, rank=None, actual_lr=LR, flags=None):
         "initial": {0: [t.clone() for t in INITIAL]},
         "final": {0: [param.detach().clone()]},
         "names": {0: ["layer.weight"]},
+        "param_ids": {0: [1]},
     }
 
 
@@ -94,6 +96,45 @@ def test_no_explanation_when_the_gradients_themselves_differ():
     result = verdict(original, converted)
     assert result.exit_code == 1
     assert not any("replaying the optimizer" in note for note in result.notes)
+
+
+def drifting_runs(**converted_options):
+    """Step 1 on rounding noise (Adam turns it into weights about lr apart), then gradients
+    that differ as gradients computed at those other weights do."""
+    ours, theirs = rounding_noise(0), rounding_noise(1)
+    later = [torch.linspace(0.1, 0.8, 8), torch.linspace(0.2, 0.9, 8)]
+    original = adam_record([ours[0], *later])
+    shifted = [g + 1e-3 for g in later]
+    converted = [adam_record([theirs[0], *shifted], rank=r, **converted_options) for r in (0, 1)]
+    return original, converted
+
+
+def test_weights_drifted_apart_by_the_optimizer_end_the_comparison_with_a_match():
+    original, converted = drifting_runs()
+    result = verdict(original, converted)
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    assert [r.step for r in result.steps if r.compared == "gradients"] == [1]
+    assert any("compared the gradients up to step 2 only" in n for n in result.notes)
+    assert "later gradients are not compared" in result.message  # never "all steps"
+
+
+@pytest.mark.parametrize(
+    "options", [{"actual_lr": 3 * LR}, {"betas": (0.5, 0.999)}], ids=["lr", "betas"]
+)
+def test_drift_the_replay_does_not_explain_stays_inconclusive(options):
+    original, converted = drifting_runs(**options)
+    result = verdict(original, converted)
+    assert (result.exit_code, result.verdict) == (2, "inconclusive"), result.message
+    assert "computed at weights that already differ" in result.message
+
+
+def test_after_the_drift_a_learning_rate_difference_is_still_a_mismatch():
+    original, converted = drifting_runs()
+    for run in converted:
+        run["steps"][2]["lrs"] = [2 * LR]
+    result = verdict(original, converted)
+    assert (result.exit_code, result.verdict) == (1, "mismatch")
+    assert "learning rate" in result.message
 
 
 def test_an_adaptive_ode_solver_makes_a_difference_inconclusive():
@@ -142,3 +183,43 @@ def test_gradients_computed_at_drifted_weights_are_not_like_with_like(drift, ver
     assert result.verdict == verdict_wanted, result.message
     caveat = "computed at weights that already differ"
     assert (caveat in " ".join(result.inconclusive)) == (verdict_wanted == "inconclusive")
+
+
+def test_optimizers_sharing_parameters_are_replayed_together():
+    """InfoGAN's info optimizer steps the generator's and the discriminator's weights after
+    their own optimizers did: the replay must step the same tensors, in the run's order."""
+    from ddpify.verify.replay import replay_events
+
+    torch.manual_seed(0)
+    g, d = torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4))
+    first, shared = torch.optim.SGD([g], lr=0.1), torch.optim.Adam([g, d], lr=0.01)
+    initial, steps = {0: [g.detach().clone()]}, []
+    for step in (1, 2):
+        for index, opt in ((0, first), (1, shared)):
+            params = opt.param_groups[0]["params"]
+            grads = [torch.randn(4) for _ in params]
+            initial.setdefault(index, [p.detach().clone() for p in params])
+            steps.append({"optimizer": index, "step": step, "lrs": [opt.param_groups[0]["lr"]]})
+            steps[-1]["grads"] = grads
+            for p, grad in zip(params, grads):
+                p.grad = grad
+            opt.step()
+    groups = [
+        {"params": 1, "lr": 0.1, "momentum": 0, "weight_decay": 0},
+        {"params": 2, "lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0},
+    ]
+    record = {
+        "optimizers": [
+            {"class": "SGD", "groups": [groups[0]]},
+            {"class": "Adam", "groups": [groups[1]]},
+        ],
+        "steps": steps,
+        "initial": initial,
+        "param_ids": {0: [10], 1: [10, 11]},  # the generator's weight is shared
+    }
+    replayed = replay_events(record, [(s["optimizer"], s["step"]) for s in steps])
+    torch.testing.assert_close(replayed[10], g.detach())
+    torch.testing.assert_close(replayed[11], d.detach())
+    record["param_ids"] = {0: [10], 1: [12, 11]}  # as if not shared: the replay goes elsewhere
+    apart = replay_events(record, [(s["optimizer"], s["step"]) for s in steps])
+    assert not torch.allclose(apart[10], g.detach())

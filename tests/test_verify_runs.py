@@ -77,6 +77,12 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
         pairs[f"migrate/{case}"] = (migrated / "before.py", migrated / "after.py", {})
     global_policy = {"batch_policy": "global", "lr_scale": None}  # the markers say per-rank
     pairs["global policy"] = (MLP / "original.py", MLP / "converted.py", global_policy)
+    mixup = {"script_args": ["--mixup"]}
+    augment = VERIFY / "augment"
+    pairs["mixup"] = (augment / "original.py", augment / "converted.py", mixup)
+    # 63 samples, 24 per process: step 2 trains on a sample the DistributedSampler repeated
+    padded = {"script_args": ["--samples", "63", "--batch-size", "24"]}
+    pairs["padded"] = (augment / "original.py", augment / "converted.py", padded)
     no_epochs = {"script_args": ["--epochs", "0"]}
     pairs["no epochs"] = (MLP / "original.py", MLP / "converted.py", no_epochs)
     return pairs
@@ -168,6 +174,8 @@ OWN_FIXTURES = [
     ("transformer", "random draw(s) in the training loop"),
     ("cnn_bn", "BatchNorm statistics all-reduced across the processes by the probe"),
     ("amp_clip", "DDP044 at line 47: scaler.unscale_() before gradient clipping"),
+    ("augment", "random augmentation drawn per sample from a seed of its index: aligned"),
+    ("toy_stream", "each process took its block of the same batch"),
 ]
 
 
@@ -207,6 +215,11 @@ OWN_PLANTED_BUGS = [
     ("gan", "bug_discriminator_not_wrapped.py", "gradients of rank 1 differ from rank 0's"),
     ("cnn_bn", "bug_no_sync_batchnorm.py", "BatchNorm without SyncBatchNorm"),
     ("transformer", "bug_forward_bypasses_ddp.py", "gradients of rank 1 differ from rank 0's"),
+    # Augmented per sample, the data are compared again: a missing sampler is named as such.
+    ("augment", "bug_no_sampler.py", "every process saw the same batch"),
+    # Hand-made batches: conclusive, so a wrong conversion is a mismatch, not inconclusive.
+    ("toy_stream", "bug_loss_divided.py", "0.5x the original's"),
+    ("toy_stream", "bug_seed_per_rank.py", "the ranks split different batches"),
 ]
 
 
@@ -217,6 +230,22 @@ def test_own_planted_bug_fails(case, converted, says, device_env, batched):
     result = batched(device_env)[f"{case}/{converted}"]
     assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
     assert says in result.message
+
+
+@in_batch
+def test_random_numbers_drawn_outside_the_seeded_fetch_stay_inconclusive(batched):
+    """Mixup in collate_fn draws for the whole batch, outside any one sample's fetch."""
+    result = batched("cpu")["mixup"]
+    assert (result.exit_code, result.verdict) == (2, "inconclusive"), result.message
+    assert any("the data pipeline draws random numbers" in r for r in result.inconclusive)
+
+
+@in_batch
+def test_steps_after_the_sampler_pads_the_epoch_are_not_compared(batched):
+    result = batched("cpu")["padded"]
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    assert [row.step for row in result.steps if row.compared == "gradients"] == [1]
+    assert any("compared the steps before step 2 only" in n for n in result.notes), result.notes
 
 
 @pytest.mark.gpu

@@ -34,14 +34,42 @@ dimension (`torch.randn(batch, z_dim)`, `rand`, the `*_like` forms, dropout mask
 dropout inside nn.MultiheadAttention) is made whole on every rank, at the single process's
 shape, and each rank keeps the rows of its own samples; the original must have made exactly
 those draws from the same generator state, else the result is inconclusive. Alpha dropout is
-switched off. Other random numbers drawn by the data pipeline or between steps, and
-sum-reduced losses, make the result inconclusive (exit 2), never a pass.
+switched off. Random augmentation in a map-style dataset is drawn per sample: each
+`dataset[i]` the DataLoader fetches runs with torch's CPU generator, `random` and numpy's
+global generator seeded from (i, which pass over the loader this is), and restored after
+it, so sample i is augmented alike whichever process fetches it and data loading leaves the
+loop's generators alone (a pass, not a count of fetches: the samples a DistributedSampler
+repeats to pad an epoch or drops with drop_last do not shift later epochs). A generator the
+script makes without a seed (`np.random.default_rng()`, fresh OS entropy) gets the same seed
+in both runs. Other random numbers drawn by the data pipeline (collate_fn, a sampler, a
+dataset's own `__getitems__`, an IterableDataset) or between steps, and sum-reduced losses,
+make the result inconclusive (exit 2), never a pass.
+
+Hand-made batches: where `ddpify migrate` split a batch the script makes itself (no
+DataLoader) by rank, `x[RANK * len(x) // WORLD_SIZE : ...]` under its `# ddpify: batch
+policy global: each rank its rows of the batch` note, the probe recognises the split in the
+converted run: the draws shaped by the per-process batch are made whole and each rank keeps
+its contiguous block, and every rank must have split the same batch (else a data mismatch).
+The original runs its batches unchanged, so a difference is a mismatch, not inconclusive.
+
+Padding: when the dataset does not divide by N, the DistributedSampler repeats samples to pad
+the epoch; the first step that trains on them, and every step after it, are not compared
+(the weights those steps start from are compared instead), and the notes say so.
 
 BatchNorm: in training mode both runs compute batch statistics with the same Python code; the
 converted run all-reduces them across the ranks (SyncBatchNorm's math, autograd included) for
 SyncBatchNorm modules, and on CPU for plain BatchNorm when the script converts to SyncBatchNorm
 on CUDA only (as `ddpify migrate` writes it). A conversion without SyncBatchNorm keeps each
 rank's own statistics, and the mismatch it causes names that cause.
+
+Weights that drift apart: an adaptive optimizer (Adam) turns gradient rounding near its eps
+into steps of up to the learning rate, so after matching gradients the runs may continue from
+weights that differ past the tolerance, and their later gradients differ too. At the first
+step whose gradients differ from weights that drifted, the comparison ends when replaying
+each run's optimizer steps (in the order taken, optimizers sharing parameters over the same
+tensors) on its own recorded gradients reproduces both runs' weights there and the optimizers'
+settings agree: the verdict covers the steps before it, and the learning rate, the data and
+the ranks' agreement are still checked at every step. Otherwise it is inconclusive.
 
 Fixed bugs: the original runs with the number-changing fixes the migration made (unscale_
 before clipping, set_epoch), applied by ddpify's own rule fixes to a temporary copy

@@ -14,6 +14,13 @@ What it does to the run (the same in both runs unless said otherwise):
   masks of dropout, dropout1d/2d/3d and attention dropout) are made equal across 1 and N
   processes: each draw is made whole, at the single process's shape, and every rank keeps its
   slice along the batch dimension (see RandomDraws); alpha dropout is switched off;
+- each sample of a map-style dataset is fetched with the global generators (torch CPU,
+  random, numpy) seeded from its index and the pass over its loader, and restored after it,
+  so random augmentation is the same whichever process fetches the sample (patch_map_fetcher);
+  `np.random.default_rng()` without a seed gets the same seed in both runs;
+- in the converted run, a hand-made batch split by rank as migrate writes it is recognised
+  (watch_block_splits): draws shaped by the per-process batch keep this rank's block;
+- samples the DistributedSampler repeats to pad an epoch are counted per step;
 - BatchNorm in training mode computes its batch statistics in Python in both runs; in the
   converted run they are all-reduced across the ranks (SyncBatchNorm's math, autograd included)
   for SyncBatchNorm modules, and for plain BatchNorm on CPU when the script converts to
@@ -36,6 +43,7 @@ import hashlib
 import inspect
 import json
 import math
+import operator
 import os
 import random
 import signal
@@ -78,6 +86,9 @@ NUMPY_SIZED_DRAWS = {
 }
 NUMPY = "numpy"  # the device of numpy's global generator, for RandomDraws
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+# In the note migrate writes above its split of a hand-made batch (migrate/data.py,
+# HAND_MADE_NOTE): `# ddpify: batch policy global: each rank its rows of the batch, ...`.
+HAND_SPLIT_MARKER = "each rank its rows of the batch"
 
 
 class StopRun(SystemExit):
@@ -118,6 +129,13 @@ class Probe:
         self.draws = RandomDraws(self)
         self.script_converts_sync_bn = False
         self.scaled_grads_pending = False
+        self.seeding_depth = 0  # inside a per-sample seeded dataset fetch
+        self.script_splits_batches = False  # the migration split hand-made batches by rank
+        self.pending_split: dict | None = None
+        # samples a DistributedSampler repeated to pad the epoch: drawn for the batch being
+        # made, and per loader since the last step (only the loader feeding a step counts)
+        self.padded_now = 0
+        self.padded_pending: dict[int | None, int] = {}
 
     # -- flags ---------------------------------------------------------------------------------
 
@@ -136,11 +154,14 @@ class Probe:
         self.patch_data()
         self.draws.patch(self.torch)
         self.draws.patch_numpy()
+        self.seed_fresh_numpy_generators()
         self.patch_functional()
         self.patch_autocast()
         self.patch_grad_scaler()
         self.patch_optimizers()
         self.watch_adaptive_solvers()
+        if self.role == "converted" and self.world > 1 and self.script_splits_batches:
+            self.watch_block_splits()
 
     # -- adaptive ODE solvers ------------------------------------------------------------------
 
@@ -242,6 +263,29 @@ class Probe:
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed(SEED)
 
+    def seed_fresh_numpy_generators(self) -> None:
+        """`np.random.default_rng()` without a seed takes fresh entropy from the OS, so every
+        process (each rank, the original) would make other data. Like the global generators,
+        such a generator gets a seed from the probe instead: the n-th one the script makes has
+        the same seed in every run (inside a seeded dataset fetch, one of that sample)."""
+        numpy = sys.modules.get("numpy")
+        if numpy is None:
+            return
+        native = numpy.random.default_rng
+        probe = self
+        made = [0]
+
+        def default_rng(seed=None):
+            if seed is not None:
+                return native(seed)
+            made[0] += 1
+            if probe.seeding_depth:  # the sample's own generator state is seeded already
+                return native(int(numpy.random.randint(0, 2**31)))
+            probe.flag("fresh_entropy", "numpy.random.default_rng()")
+            return native([SEED, made[0]])
+
+        numpy.random.default_rng = default_rng
+
     def rng_state(self):
         numpy = sys.modules.get("numpy")
         state = [self.torch.get_rng_state(), random.getstate()]
@@ -287,21 +331,33 @@ class Probe:
             iter_init(self, loader)
             probe.torch.set_rng_state(state)
             self._ddpify_loader = getattr(loader, "_ddpify_index", None)
+            # Which pass over this loader the iterator makes: part of each sample's seed.
+            loader._ddpify_passes = getattr(loader, "_ddpify_passes", 0) + 1
+            self._ddpify_pass = loader._ddpify_passes
 
         def next_batch(self):
             before = probe.rng_state()
             if probe.rng_changed(probe.rng_checkpoint, before):
                 probe.flag("loop_rng")
+            fetcher = getattr(self, "_dataset_fetcher", None)
+            if fetcher is not None:
+                fetcher._ddpify_pass = getattr(self, "_ddpify_pass", None)
             batch = iter_next(self)
             after = probe.rng_state()
             if probe.rng_changed(before, after):
                 probe.flag("augmentation")
             probe.rng_checkpoint = after if probe.rng_checkpoint is not None else None
-            probe.note_batch(getattr(self, "_ddpify_loader", None), batch)
+            loader = getattr(self, "_ddpify_loader", None)
+            if probe.padded_now:
+                padded = probe.padded_pending
+                padded[loader] = padded.get(loader, 0) + probe.padded_now
+                probe.padded_now = 0
+            probe.note_batch(loader, batch)
             return batch
 
         dataloader_module._BaseDataLoaderIter.__init__ = make_iter
         dataloader_module._BaseDataLoaderIter.__next__ = next_batch
+        self.patch_map_fetcher()
 
         random_iter = RandomSampler.__iter__
 
@@ -331,9 +387,122 @@ class Probe:
             else:
                 padding = self.total_size - len(indices)
                 indices += (indices * math.ceil(max(padding, 0) / max(size, 1)))[:padding]
-            return iter(indices[self.rank : self.total_size : self.num_replicas])
+            return probe.mark_padding(
+                indices[self.rank : self.total_size : self.num_replicas],
+                self.rank,
+                self.num_replicas,
+                size,
+            )
 
         DistributedSampler.__iter__ = canonical_distributed_iter
+
+    def mark_padding(self, chosen: list[int], rank: int, replicas: int, size: int):
+        """Yield this rank's indices, counting those that pad the epoch: position
+        `rank + k * replicas` of the padded list is past the dataset's end. A padded sample is
+        one the single process does not train on in that epoch; compare stops there."""
+        for k, index in enumerate(chosen):
+            if rank + k * replicas >= size:
+                self.padded_now += 1
+                self.flag("padded", [size, replicas])
+            yield index
+
+    # -- hand-made batches split by rank ---------------------------------------------------
+
+    def watch_block_splits(self) -> None:
+        """Notice the migration's split of a hand-made batch, `x[RANK * len(x) // WORLD_SIZE :
+        (RANK + 1) * len(x) // WORLD_SIZE]`: this rank's contiguous block of the batch.
+
+        Only scripts whose migration says it split batches by hand (HAND_SPLIT_MARKER) are
+        watched. The block tells the random draws the per-process batch and where this
+        rank's rows lie in the single process's batch; the whole batch is recorded so that
+        compare can check every rank split the same one."""
+        torch = self.torch
+        native = torch.Tensor.__getitem__
+        probe = self
+
+        def getitem(self, key):
+            part = native(self, key)
+            if type(key) is slice and key.step is None and self.dim() > 0:
+                rows = self.shape[0]
+                start, stop = block_bounds(rows, probe.rank, probe.world)
+                if key.start == start and key.stop == stop:
+                    probe.note_split(self, rows, start, stop)
+            return part
+
+        torch.Tensor.__getitem__ = getitem
+
+    def note_split(self, batch, rows: int, start: int, stop: int) -> None:
+        """The first split since the last optimizer step is the batch the step trains on."""
+        if self.pending_split is not None:
+            return
+        self.draws.rows, self.draws.block = stop - start, (start, rows)
+        values = batch.detach().double().cpu()
+        self.pending_split = {
+            "rows": rows,
+            "block": [start, stop],
+            "data": [float(rows), float(values.sum()), float((values * values).sum())],
+        }
+
+    # -- random augmentation, seeded per sample ----------------------------------------------
+
+    def patch_map_fetcher(self) -> None:
+        """Fetch each sample of a map-style dataset under generators seeded from its index.
+
+        The N processes fetch different samples than the single process, in another order, so
+        a dataset that augments at random in `__getitem__` would give sample i other numbers
+        in each run. Seeded from (sample index, pass over the loader), sample i gets the same
+        augmentation whichever process fetches it, and the generators are restored after the
+        fetch, so data loading leaves the training loop's draws alone. Only the draws inside
+        `dataset[i]` are aligned this way: collate_fn, the sampler and a dataset's own
+        `__getitems__` (a batch at once) stay outside and still make the result inconclusive.
+        """
+        from torch.utils.data._utils import fetch as fetch_module
+
+        probe = self
+        native = fetch_module._MapDatasetFetcher.fetch
+
+        def fetch(self, possibly_batched_index):
+            pass_number = getattr(self, "_ddpify_pass", None)
+            if pass_number is None or not fetches_per_sample(self.dataset):
+                return native(self, possibly_batched_index)
+            if self.auto_collation:
+                data = [
+                    probe.seeded_sample(self.dataset, index, pass_number)
+                    for index in possibly_batched_index
+                ]
+            else:
+                data = probe.seeded_sample(self.dataset, possibly_batched_index, pass_number)
+            return self.collate_fn(data)
+
+        fetch_module._MapDatasetFetcher.fetch = fetch
+
+    def seeded_sample(self, dataset, index, pass_number: int):
+        """`dataset[index]` with torch's CPU generator, `random` and numpy's global generator
+        seeded from (SEED, index, pass), all three restored afterwards. CUDA generators are
+        left alone (torch.manual_seed would reseed them and unsettle the loop's CUDA draws)."""
+        numpy = sys.modules.get("numpy")
+        saved = (
+            self.torch.get_rng_state(),
+            random.getstate(),
+            numpy.random.get_state() if numpy is not None else None,
+        )
+        seed = sample_seed(index, pass_number)
+        self.torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        if numpy is not None:
+            numpy.random.seed(seed)
+        seeded = self.rng_state()
+        self.seeding_depth += 1
+        try:
+            return dataset[index]
+        finally:
+            self.seeding_depth -= 1
+            if self.rng_changed(seeded, self.rng_state()):
+                self.count("seeded_augmentation")
+            self.torch.set_rng_state(saved[0])
+            random.setstate(saved[1])
+            if saved[2] is not None:
+                numpy.random.set_state(saved[2])
 
     def permutation(self, size: int, epoch: int) -> list[int]:
         generator = self.torch.Generator()
@@ -387,7 +556,7 @@ class Probe:
         tensor = first_tensor(batch, self.torch)
         if tensor is None or tensor.dim() == 0:
             return
-        self.draws.rows = int(tensor.shape[0])
+        self.draws.rows, self.draws.block = int(tensor.shape[0]), None
         values = tensor.detach().double().cpu()
         stats = self.pending_data.setdefault(loader_index, [0.0, 0.0, 0.0])
         stats[0] += values.shape[0]
@@ -575,6 +744,8 @@ class Probe:
         if step == 1:
             self.record["initial"][index] = [snapshot(p) for p in self.params(opt)]
             self.record["names"][index] = parameter_names(self.params(opt), self.torch)
+            # which tensors optimizers share (compare replays them together; names can clash)
+            self.record.setdefault("param_ids", {})[index] = [id(p) for p in self.params(opt)]
             self.record["optimizers"][index]["groups"] = group_settings(opt)
         native_lrs = [lr_value(group["lr"]) for group in opt.param_groups]
         scale = self.lr_scale(opt, native_lrs)
@@ -594,9 +765,13 @@ class Probe:
                 "weights": [snapshot(p) for p in self.params(opt)] if step > 1 else None,
                 "loader": self.last_loader,
                 "data": list(data) if data else None,
+                "split": self.pending_split,
+                "padded": self.padded_pending.get(self.last_loader, 0),
             }
         )
         self.pending_data.clear()
+        self.pending_split = None
+        self.padded_pending.clear()
 
     def lr_scale(self, opt, native_lrs: list[float]) -> float:
         """The original's LR multiplier, decided at its first step and kept for every step."""
@@ -686,6 +861,9 @@ class RandomDraws:
         self.probe = probe
         self.native = {name: getattr(probe.torch, name) for name in ("rand", "randn")}
         self.rows: int | None = None  # the leading size of the last training batch
+        # (start, whole batch rows) when the batch is this rank's contiguous block of a
+        # hand-made batch; None when a DistributedSampler dealt the samples out in turn
+        self.block: tuple[int, int] | None = None
         self.record: list = probe.record["draws"]
         self.sliced = 0
 
@@ -719,29 +897,43 @@ class RandomDraws:
         """`make(full_shape)` draws; returns this rank's part of the single process's draw."""
         probe = self.probe
         shape = tuple(int(size) for size in shape)
+        if probe.seeding_depth:
+            return make(shape)  # a sample's own augmentation, seeded from its index
         dim = self.batch_dim(shape, kind)
         full = list(shape)
         if dim is not None:
-            full[dim] *= probe.world
+            full[dim] = self.whole_size(shape[dim])
         probe.check_rng()
         state = self.fingerprint(device)
         tensor = make(tuple(full))
         probe.rng_drawn()
         if len(self.record) < MAX_DRAWS_RECORDED:
-            self.record.append([kind, full, dim, state])
+            first = probe.optimizers[0] if probe.optimizers else None
+            self.record.append([kind, full, dim, state, getattr(first, "_ddpify_steps", 0)])
         if dim is None:
             return tensor
         self.sliced += 1
         probe.record["flags"]["sliced_draws"] = self.sliced
         return self.rank_part(tensor, dim, shape[dim])
 
+    def whole_size(self, size: int) -> int:
+        """The single process's size of a batch dimension of `size` (rows, or rows * m)."""
+        if self.block is None:
+            return size * self.probe.world
+        return size // self.rows * self.block[1]
+
     def rank_part(self, tensor, dim: int, size: int):
         """Rank r's rows of the whole draw. The DistributedSampler deals samples out in turn
         (rank r gets samples r, r + N, ...), so row j of the single process's batch is row
-        j // N of rank j % N; a dim of `rows * m` (batch times heads) keeps its m together.
+        j // N of rank j % N; a hand-made batch split by rank gives rank r one contiguous
+        block (`block`). A dim of `rows * m` (batch times heads) keeps its m together.
         Works on tensors and on numpy arrays."""
         probe, rows = self.probe, self.rows
         shape = list(tensor.shape)
+        if self.block is not None:  # a contiguous block: rows start.. of the whole batch
+            first = self.block[0] * (size // rows)
+            part = tensor[(slice(None),) * dim + (slice(first, first + size),)]
+            return part.contiguous() if isinstance(part, probe.torch.Tensor) else part.copy()
         split = shape[:dim] + [rows, probe.world, size // rows] + shape[dim + 1 :]
         grouped = tensor.reshape(split)
         if isinstance(tensor, probe.torch.Tensor):
@@ -840,6 +1032,35 @@ class RandomDraws:
             return tensor.requires_grad_(True) if grad else tensor
 
         return draw
+
+
+def block_bounds(rows: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank `rank`'s rows of a batch of `rows`, as `ddpify migrate` splits hand-made batches."""
+    return rank * rows // world, (rank + 1) * rows // world
+
+
+def fetches_per_sample(dataset) -> bool:
+    """Whether the DataLoader fetches this dataset one `dataset[i]` at a time: no
+    `__getitems__`, or torch's own Subset over such a dataset (its `__getitems__` is a loop
+    over `dataset[indices[i]]`)."""
+    from torch.utils.data import Subset
+
+    if not getattr(dataset, "__getitems__", None):
+        return True
+    if isinstance(dataset, Subset) and type(dataset).__getitems__ is Subset.__getitems__:
+        return fetches_per_sample(dataset.dataset)
+    return False
+
+
+def sample_seed(index, pass_number: int) -> int:
+    """A 32-bit seed (numpy takes no more) from the probe's seed, the sample's index and the
+    pass over its loader; the same in every process that fetches the sample."""
+    try:
+        key = str(operator.index(index))  # numpy and torch integers read as the int
+    except TypeError:
+        key = repr(index)
+    text = f"{SEED}/{key}/{pass_number}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=4).digest(), "little")
 
 
 def feature_mask_shape(input, batched_dims):
@@ -1016,7 +1237,12 @@ def strip_wrappers(name: str) -> str:
 def project_mentions_sync_batch_norm(script: str) -> bool:
     """The script, or a local module it imports (a project migrated as a whole converts
     where its model is wrapped, e.g. exp/exp_forecast.py), names SyncBatchNorm."""
-    if mentions_sync_batch_norm(script):
+    return project_mentions(script, mentions_sync_batch_norm)
+
+
+def project_mentions(script: str, mentions) -> bool:
+    """Whether `mentions(path)` holds for the script or a local module it imports."""
+    if mentions(script):
         return True
     try:
         from ddpify.analysis.project import Project
@@ -1024,7 +1250,24 @@ def project_mentions_sync_batch_norm(script: str) -> bool:
         project = Project.discover([script])
     except Exception:  # an unreadable module: judge by the script alone
         return False
-    return any(mentions_sync_batch_norm(str(path)) for path in list(project.modules)[1:])
+    return any(mentions(str(path)) for path in list(project.modules)[1:])
+
+
+def mentions_hand_split(path: str) -> bool:
+    """Whether a `# ddpify:` comment of the file says the migration split hand-made batches
+    by rank (HAND_SPLIT_MARKER, the note `ddpify migrate` writes above the split)."""
+    import tokenize
+
+    try:
+        with open(path, "rb") as handle:
+            for token in tokenize.tokenize(handle.readline):
+                text = token.string.lower()
+                if token.type == tokenize.COMMENT and "ddpify" in text:
+                    if HAND_SPLIT_MARKER in text:
+                        return True
+    except (OSError, SyntaxError, tokenize.TokenError):
+        return False
+    return False
 
 
 def mentions_sync_batch_norm(path: str) -> bool:
@@ -1077,6 +1320,7 @@ def main() -> int:
     script, argv = sys.argv[1], sys.argv[2:]
     probe = Probe(config)
     probe.script_converts_sync_bn = project_mentions_sync_batch_norm(script)
+    probe.script_splits_batches = project_mentions(script, mentions_hand_split)
     probe.install()
     try:
         run_script(script, argv, config.get("display_path") or script)

@@ -63,3 +63,60 @@ def replay_weights(record: dict, optimizer: int, steps: list[int]) -> list | Non
     except (TypeError, ValueError, RuntimeError, KeyError):
         return None  # a hyperparameter this torch does not take: no replay, no explanation
     return [p.detach() for p in params]
+
+
+def replay_events(record: dict, events: list[tuple[int, int]]) -> dict | None:
+    """Parameter values, by the probe's tensor id, after replaying the run's optimizer steps
+    `events` ((optimizer, step) in the order the run took them) on its recorded gradients, every
+    optimizer over the same tensors where they share parameters (a GAN's info optimizer over
+    the generator and the discriminator). Starts from each optimizer's recorded initial
+    weights for parameters no earlier optimizer holds. None when it cannot be replayed."""
+    import torch
+
+    ids = record.get("param_ids", {})
+    by_event = {(s["optimizer"], s["step"]): s for s in record["steps"]}
+    tensors: dict[int, torch.nn.Parameter] = {}
+    optimizers: dict[int, tuple] = {}
+    try:
+        for optimizer, step in events:
+            if optimizer not in optimizers:
+                made = _shared_optimizer(record, optimizer, ids.get(optimizer), tensors)
+                if made is None:
+                    return None
+                optimizers[optimizer] = made
+            opt, params = optimizers[optimizer]
+            recorded = by_event[(optimizer, step)]
+            for group, lr in zip(opt.param_groups, recorded["lrs"]):
+                group["lr"] = lr
+            for p, grad in zip(params, recorded["grads"]):
+                p.grad = None if grad is None else grad.detach().clone().to(p.dtype)
+            opt.step()
+    except (TypeError, ValueError, RuntimeError, KeyError):
+        return None
+    return {key: p.detach() for key, p in tensors.items()}
+
+
+def _shared_optimizer(record: dict, optimizer: int, ids, tensors: dict):
+    """Optimizer `optimizer` rebuilt over the shared tensors (made from its initial weights
+    where new); None when it is not replayable or holds a tensor twice."""
+    import torch
+
+    info = record["optimizers"][optimizer] if optimizer < len(record["optimizers"]) else {}
+    groups, initial = info.get("groups"), record["initial"].get(optimizer)
+    if info.get("class") not in REPLAYABLE or not groups or initial is None or not ids:
+        return None
+    if len(set(ids)) != len(ids) or len(ids) != len(initial):
+        return None
+    if sum(g["params"] for g in groups) != len(initial):
+        return None
+    params = []
+    for key, value in zip(ids, initial):
+        if key not in tensors:
+            tensors[key] = torch.nn.Parameter(value.detach().clone())
+        params.append(tensors[key])
+    param_groups, start = [], 0
+    for group in groups:
+        settings = {k: v for k, v in group.items() if k not in IMPLEMENTATION_KEYS | {"params"}}
+        param_groups.append({**settings, "params": params[start : start + group["params"]]})
+        start += group["params"]
+    return getattr(torch.optim, info["class"])(param_groups), params

@@ -327,5 +327,12 @@ def conclude(result: VerifyResult, comparison: Comparison, steps: int) -> Verify
             f"gradients match at all {compared} steps and the weights after them "
             f"(rtol {rtol:g}, atol {atol:g})"
         )
+        if comparison.drifted_at is not None:
+            optimizer, step = comparison.drifted_at
+            result.message = (
+                f"gradients match at the {compared} steps compared (rtol {rtol:g}, atol "
+                f"{atol:g}); from step {step} of optimizer {optimizer} on, the weights differ "
+                "by what the optimizer made of rounding, so later gradients are not compared"
+            )
         result.notes.extend(comparison.caveats)
     return result
