@@ -401,3 +401,11 @@ def test_generators_made_without_a_seed_get_the_same_one_in_every_run(monkeypatc
         assert run.record["flags"]["fresh_entropy"] == "numpy.random.default_rng()"
         assert numpy.random.default_rng(7).random() == native(7).random()  # the script's own
     assert draws[0] == draws[1] and draws[0][0] != draws[0][1]
+
+
+def test_the_probe_recognises_the_note_migrate_writes_on_a_hand_split_batch():
+    # verify finds migrate's split by this note's text: a rewording would silently turn
+    # hand-made-batch comparisons inconclusive again.
+    from ddpify.migrate.data import HAND_MADE_NOTE
+
+    assert probe.HAND_SPLIT_MARKER in HAND_MADE_NOTE

@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from ddpify.verify.launcher import launch
+from ddpify.verify.launcher import launch, probe_environment
 
 # The script starts a grandchild in a session of its own that ignores SIGTERM, writes its
 # pid, and then (per argv[2]) exits at once or hangs.
@@ -94,3 +94,25 @@ def test_sigterm_to_ddpify_takes_the_whole_run_with_it(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child)
+
+
+def _set_order(env: dict[str, str]) -> str:
+    code = "print(list({'cat', 'dog', 'bird', 'fish', 'ant', 'bee'}))"
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_every_run_iterates_a_set_of_strings_in_one_order(tmp_path, monkeypatch):
+    # Scripts that number labels by iterating `set(labels)` (graph and text datasets) must
+    # build the same labels in the original and in every rank.
+    monkeypatch.setenv("PYTHONHASHSEED", "random")
+    orders = {_set_order(probe_environment(tmp_path / "c.json", {})) for _ in range(4)}
+    assert len(orders) == 1
+    unpinned = {_set_order(dict(os.environ)) for _ in range(8)}
+    assert len(unpinned) > 1  # the salt really is random without the pin
+
+
+def test_a_user_chosen_hash_seed_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "123")
+    assert probe_environment(tmp_path / "c.json", {})["PYTHONHASHSEED"] == "123"

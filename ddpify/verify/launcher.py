@@ -74,6 +74,10 @@ def probe_environment(config_path: Path, extra: dict[str, str]) -> dict[str, str
     env = {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    # str hashes are salted per process: a script that numbers labels by iterating a set of
+    # strings would get other labels in every rank and in the original. One salt for all.
+    if not env.get("PYTHONHASHSEED", "").isdigit():
+        env["PYTHONHASHSEED"] = "0"
     env["DDPIFY_VERIFY_CONFIG"] = str(config_path)
     env.update(extra)
     return env
