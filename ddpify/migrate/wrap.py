@@ -132,7 +132,7 @@ def _note_batch_norm_on_cpu(tree: Tree, plan: Plan) -> None:
     BatchNorm layers now normalise with each rank's share of the batch: say so."""
     if not plan.options.sync_bn or runs_on_cuda(tree) or not _has_batch_norm(tree):
         return
-    if "convert_sync_batchnorm" in tree.module.code:
+    if "convert_sync_batchnorm" in tree.text:
         return
     plan.needs_human(
         "BatchNorm layers now normalise with each rank's share of the batch, not the whole "
@@ -154,7 +154,7 @@ def _has_batch_norm(tree: Tree) -> bool:
 def _wants_sync_bn(tree: Tree, plan: Plan) -> bool:
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
-    return _has_batch_norm(tree) and "convert_sync_batchnorm" not in tree.module.code
+    return _has_batch_norm(tree) and "convert_sync_batchnorm" not in tree.text
 
 
 def _sync_bn(plan: Plan, model: str) -> cst.BaseStatement:
