@@ -178,16 +178,46 @@ def _run_pass(
         raise
     except Exception as exc:  # a bug in the pass: blame it, write nothing
         raise GateError(name, f"{type(exc).__name__}: {exc}") from exc
+    written = _written_code(render, tree.module, module, code)
+    if written is not None and _compile_error(written) is None:
+        return module, code  # what the pass wrote compiles; the rest compiled before
     _compiles(code, name)
     return module, code
 
 
-def _compiles(code: str, pass_name: str) -> None:
-    """Python's own compiler, per pass (cheap); the final output also goes through libcst."""
+def _written_code(
+    render: ModuleText, before: cst.Module, after: cst.Module, code: str
+) -> str | None:
+    """The code of the top-level statements of `after` that `before` does not hold (what
+    the pass wrote), or None when the whole text must be compiled. A top-level statement
+    begins and ends a line with nothing open across it, so it compiles alone as it does
+    in the module, except under a `__future__` import (it changes the grammar)."""
+    if (
+        not after.has_trailing_newline
+        or (before.default_indent, before.default_newline)
+        != (after.default_indent, after.default_newline)
+        or "__future__" in code
+    ):
+        return None
+    kept = {id(statement) for statement in before.body}
+    return "".join(
+        render.code_of(after, statement) for statement in after.body if id(statement) not in kept
+    )
+
+
+def _compile_error(code: str) -> Exception | None:
     try:
         compile(code, "<output>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
-        raise GateError(pass_name, f"output does not compile: {exc}") from None
+        return exc
+    return None
+
+
+def _compiles(code: str, pass_name: str) -> None:
+    """Python's own compiler, per pass (cheap); the final output also goes through libcst."""
+    error = _compile_error(code)
+    if error is not None:
+        raise GateError(pass_name, f"output does not compile: {error}") from None
 
 
 def _result(filename: str, text: str, output: str, plan: Plan) -> MigrationResult:

@@ -1,15 +1,20 @@
-"""A tree built from the one before a pass (reusing the walk of the statements the pass
-left alone) answers every question as a tree built from scratch; the comments the
-pipeline counts per statement are the comments tokenize finds in the whole text."""
+"""What the migration pipeline reuses between passes gives the answers it gives without
+reuse: a tree built from the one before a pass (reusing the walk of the statements the
+pass left alone) answers as one built from scratch; the comments counted per statement
+are the ones tokenize finds in the whole text; the compile gate that compiles only what
+a pass wrote still names the pass whose output does not compile."""
 
 from __future__ import annotations
 
 import libcst as cst
+import pytest
 
 from ddpify.analysis.tree import Tree
 from ddpify.codegen import ModuleText
-from ddpify.gates import comments
+from ddpify.gates import GateError, comments
+from ddpify.migrate import migrate_source
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.pipeline import PASSES
 from ddpify.migrate.snippets import expression, statement
 from tests.helpers import FIXTURES
 
@@ -81,3 +86,24 @@ def test_comments_counted_per_statement_are_the_whole_texts():
     assert render.comments(module) == comments(text)
     edited = module.with_changes(body=[*module.body[:2], statement("y = 2  # new\n")])
     assert render.comments(edited) == comments(edited.code)
+
+
+def _insert_first(code: str):
+    """A broken pass: puts `code` above the first statement, leaving that one as it was."""
+
+    def run(tree, plan):
+        edits = Edits()
+        edits.before[tree.module.body[0]].append(cst.parse_statement(code))
+        return edits
+
+    return run
+
+
+def test_a_pass_that_moves_the_future_import_off_the_top_is_named():
+    # What the pass wrote (`x = 1`) compiles alone; the module around it does not.
+    script = "from __future__ import annotations\n" + SCRIPT
+    passes = [*PASSES[:2], ("broken", _insert_first("x = 1\n"))]
+    with pytest.raises(GateError) as info:
+        migrate_source(script, "t.py", passes=passes)
+    assert info.value.pass_name == "broken"
+    assert "does not compile" in info.value.reason
