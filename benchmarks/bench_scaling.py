@@ -7,7 +7,9 @@ The script is a real-shaped single-GPU training script (fixtures/migrate/
 single_main_argparse/before.py) followed by N lines of helper functions and a model
 class with loops, guards, prints and saves in them, repeated with fresh names, so every
 rule and pass has work in proportion to the size. Linear cost shows as a flat
-"ms per 1k lines" column.
+"ms per 1k lines" column. "parse s" is libcst's parse alone of the same text, and the
+x-parse columns divide by it: on a shared machine the seconds drift with the load, the
+ratios much less (measure before and after a change in the same minute).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ import sys
 import time
 from pathlib import Path
 
+import libcst
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ddpify import guarded  # noqa: E402
 from ddpify.engine import check_source  # noqa: E402
+from ddpify.gc_tuning import fewer_collections  # noqa: E402
 from ddpify.migrate import migrate_source  # noqa: E402
 from ddpify.rules import ALL_RULES  # noqa: E402
 
@@ -70,6 +75,16 @@ def script(lines: int) -> str:
     return text
 
 
+def parse_only(text: str) -> None:
+    """libcst's parse as check and migrate run it (deep thread, fewer collections)."""
+
+    def parse() -> None:
+        with fewer_collections():
+            libcst.parse_module(text)
+
+    guarded.deep(parse)
+
+
 def timed(fn, *args) -> float:
     started = time.perf_counter()
     fn(*args)
@@ -82,15 +97,20 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="profile the largest size")
     args = parser.parse_args()
 
-    print(f"{'lines':>8} {'check s':>9} {'ms/1k':>7} {'migrate s':>10} {'ms/1k':>7}")
+    print(
+        f"{'lines':>8} {'parse s':>8} {'check s':>9} {'ms/1k':>7} {'x parse':>7} "
+        f"{'migrate s':>10} {'ms/1k':>7} {'x parse':>7}"
+    )
     for size in args.lines:
         text = script(size)
         n = text.count("\n")
+        parse = timed(parse_only, text)
         check = timed(check_source, text, "big.py", ALL_RULES)
         migrate = timed(migrate_source, text, "big.py")
         print(
-            f"{n:>8} {check:>9.2f} {1000 * check / n * 1000:>7.0f} "
-            f"{migrate:>10.2f} {1000 * migrate / n * 1000:>7.0f}",
+            f"{n:>8} {parse:>8.2f} {check:>9.2f} {1000 * check / n * 1000:>7.0f} "
+            f"{check / parse:>7.2f} {migrate:>10.2f} {1000 * migrate / n * 1000:>7.0f} "
+            f"{migrate / parse:>7.2f}",
             flush=True,
         )
     if args.profile:

@@ -8,7 +8,11 @@ costs what the pass changed, not the file (libcst's `Module.code` renders every 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import libcst as cst
+
+from ddpify.gates import comments
 
 
 class ModuleText:
@@ -19,6 +23,7 @@ class ModuleText:
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[cst.CSTNode, tuple[str, str], str]] = {}
+        self._comments: dict[int, tuple[cst.CSTNode, str, Counter[str]]] = {}
 
     def code(self, module: cst.Module) -> str:
         if not module.has_trailing_newline or not (module.header or module.body or module.footer):
@@ -28,6 +33,23 @@ class ModuleText:
         parts += [self._node(module, node, style) for node in module.body]
         parts += [self._node(module, node, style) for node in module.footer]
         return "".join(parts)
+
+    def comments(self, module: cst.Module) -> Counter[str]:
+        """`gates.comments(self.code(module))`, counted per top-level node: each begins a
+        line and ends one with no string or bracket open across it, so tokenizing it
+        alone finds the comments the whole text has there, and a node already counted
+        (an input statement a pass left alone) is not tokenized again."""
+        if not module.has_trailing_newline or not (module.header or module.body or module.footer):
+            return comments(self.code(module))
+        found: Counter[str] = Counter()
+        for node in (*module.header, *module.body, *module.footer):
+            code = self.code_of(module, node)
+            known = self._comments.get(id(node))
+            if known is None or known[0] is not node or known[1] != code:
+                known = (node, code, comments(code))
+                self._comments[id(node)] = known
+            found.update(known[2])
+        return found
 
     def code_of(self, module: cst.Module, node: cst.CSTNode) -> str:
         """The code of one top-level node (statement, header or footer line) of `module`."""
@@ -39,6 +61,7 @@ class ModuleText:
         if len(self._seen) > 2 * (len(module.body) + len(module.header) + len(module.footer)) + 64:
             current = {id(node) for node in (*module.header, *module.body, *module.footer)}
             self._seen = {key: value for key, value in self._seen.items() if key in current}
+            self._comments = {k: v for k, v in self._comments.items() if k in current}
 
     def _node(self, module: cst.Module, node: cst.CSTNode, style: tuple[str, str]) -> str:
         seen = self._seen.get(id(node))

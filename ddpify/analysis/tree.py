@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import libcst as cst
 
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
-from ddpify.walk import children
+from ddpify.walk import children, walk
 
 if TYPE_CHECKING:
     from ddpify.analysis.project import ProjectView
@@ -23,30 +23,69 @@ SCOPES = (cst.Module, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 class Tree:
-    def __init__(self, module: cst.Module) -> None:
+    """One module's syntax nodes in source order, each node's parent, its imports.
+
+    The walk is kept per top-level statement (a `_Segment`). Nodes are immutable, so a
+    statement object that a pass left alone is the same subtree in the next tree: with
+    `previous` (the tree before the pass) its segment is reused, not walked again, and
+    a pass costs the statements it rebuilt, not the file. `text`, when known, is the
+    module's code (saves rendering it for `Tree.text`)."""
+
+    def __init__(
+        self, module: cst.Module, text: str | None = None, previous: Tree | None = None
+    ) -> None:
         self.module = module
-        self.parent: dict[cst.CSTNode, cst.CSTNode] = {}
-        self.order: dict[cst.CSTNode, int] = {}
-        self.nodes: list[cst.CSTNode] = []
+        self._text = text
         self._by_kind: dict[type, list[cst.CSTNode]] = {}
-        self._types: set[type] | None = None
+        self._order: dict[cst.CSTNode, int] | None = None
+        self._nodes: list[cst.CSTNode] | None = None
+        self._call_names: list[tuple[cst.Call, str | None]] | None = None
         self.imports = ImportMap()
         # What the roles analysis searches: this tree, or every module of its project.
         self.view: Tree | ProjectView = self
-        self._collect(module)
+        self._collect(module, previous._segment_of if previous is not None else {})
 
-    def _collect(self, module: cst.Module) -> None:
-        """Pre-order walk over the syntax nodes (ddpify.walk skips formatting children)."""
-        stack: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(module, None)]
-        while stack:
-            node, parent = stack.pop()
-            if parent is not None:
-                self.parent[node] = parent
-            self.order[node] = len(self.nodes)
-            self.nodes.append(node)
-            if type(node) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
+    def _collect(self, module: cst.Module, known: dict[cst.CSTNode, _Segment]) -> None:
+        self._segment_of: dict[cst.CSTNode, _Segment] = {}
+        self._segments: list[_Segment] = []
+        parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        for statement in children(module):
+            segment = known.get(statement) or self._segment_of.get(statement)
+            if segment is None:
+                segment = _Segment(statement)
+            self._segment_of[statement] = segment
+            self._segments.append(segment)
+            # In walk order, so a node that occurs twice keeps its last parent.
+            parent[statement] = module
+            parent.update(zip(segment.inner, segment.parents))
+            for node in segment.imports:
                 self.imports.add(node)
-            stack.extend((child, node) for child in reversed(list(children(node))))
+        self.parent = parent
+
+    @property
+    def nodes(self) -> list[cst.CSTNode]:
+        """Every syntax node, pre-order (the module first)."""
+        if self._nodes is None:
+            nodes: list[cst.CSTNode] = [self.module]
+            for segment in self._segments:
+                nodes.append(segment.statement)
+                nodes.extend(segment.inner)
+            self._nodes = nodes
+        return self._nodes
+
+    @property
+    def order(self) -> dict[cst.CSTNode, int]:
+        """Each node's index in `nodes` (the last one, for a node that occurs twice)."""
+        if self._order is None:
+            self._order = dict(zip(self.nodes, range(len(self.nodes))))
+        return self._order
+
+    @property
+    def text(self) -> str:
+        """The module's code (rendered once per tree)."""
+        if self._text is None:
+            self._text = self.module.code
+        return self._text
 
     # -- structure -------------------------------------------------------------------
 
@@ -109,23 +148,35 @@ class Tree:
         return list(found) if where is None else [n for n in found if where(n)]
 
     def _of_kind(self, kind: type) -> list:
-        # Passes ask many times per tree; one scan per kind, kept for the tree's life.
+        # Passes ask many times per tree; one list per kind, kept for the tree's life and
+        # made of the segments' own lists (reused with the segment).
         found = self._by_kind.get(kind)
         if found is None:
-            # By exact type (a set lookup), not isinstance (ABCMeta's check, per node).
-            if self._types is None:
-                self._types = {type(n) for n in self.nodes}
-            kinds = {t for t in self._types if issubclass(t, kind)}
-            found = self._by_kind[kind] = [n for n in self.nodes if type(n) in kinds]
+            found = [self.module] if isinstance(self.module, kind) else []
+            for segment in self._segments:
+                found.extend(segment.of_kind(kind))
+            self._by_kind[kind] = found
         return found
 
     def calls_to(self, *names: str) -> list[cst.Call]:
-        return self.find(cst.Call, lambda c: self.qualify(c.func) in names)
+        if self._call_names is None:
+            # Qualify each callee's dotted path once per tree (the imports may differ
+            # between trees; the paths are the segments', reused with them).
+            memo: dict[str | None, str | None] = {None: None}
+            pairs = []
+            for segment in self._segments:
+                for call, path in segment.call_paths():
+                    if path not in memo:
+                        memo[path] = self.imports.qualify(call.func)
+                    pairs.append((call, memo[path]))
+            self._call_names = pairs
+        return [call for call, name in self._call_names if name in names]
 
     def within(self, container: cst.CSTNode, kind: type = cst.CSTNode) -> Iterator:
         """Nodes of `kind` inside `container`, in source order."""
-        start = self.order[container]
-        for node in self.nodes[start + 1 :]:
+        nodes = self.nodes
+        for index in range(self.order[container] + 1, len(nodes)):
+            node = nodes[index]
             if not self.inside(node, container):
                 break
             if isinstance(node, kind):
@@ -154,6 +205,55 @@ class Tree:
         return None
 
 
+class _Segment:
+    """The walk of one top-level statement: its nodes below it in pre-order (ddpify.walk
+    skips formatting children), the parent of each, its imports, and per-kind lists
+    made on demand. A statement is immutable, so all of it stays true for the object."""
+
+    __slots__ = ("statement", "inner", "parents", "imports", "_types", "_kinds", "_calls")
+
+    def __init__(self, statement: cst.CSTNode) -> None:
+        self.statement = statement
+        self.inner: list[cst.CSTNode] = []
+        self.parents: list[cst.CSTNode] = []
+        self.imports: list[cst.CSTNode] = []
+        self._types: set[type] | None = None
+        self._kinds: dict[type, list[cst.CSTNode]] = {}
+        self._calls: list[tuple[cst.Call, str | None]] | None = None
+        if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
+            self.imports.append(statement)
+        stack = [(child, statement) for child in reversed(list(children(statement)))]
+        while stack:
+            node, parent = stack.pop()
+            self.inner.append(node)
+            self.parents.append(parent)
+            if type(node) in _IMPORTS:
+                self.imports.append(node)
+            stack.extend((child, node) for child in reversed(list(children(node))))
+
+    def of_kind(self, kind: type) -> list:
+        found = self._kinds.get(kind)
+        if found is None:
+            # By exact type (a set lookup), not isinstance (ABCMeta's check, per node).
+            if self._types is None:
+                self._types = {type(n) for n in self.inner}
+                self._types.add(type(self.statement))
+            kinds = {t for t in self._types if issubclass(t, kind)}
+            found = []
+            if kinds:
+                if type(self.statement) in kinds:
+                    found.append(self.statement)
+                found.extend(n for n in self.inner if type(n) in kinds)
+            self._kinds[kind] = found
+        return found
+
+    def call_paths(self) -> list[tuple[cst.Call, str | None]]:
+        """Each call and its callee's dotted path (`dist.barrier`), in source order."""
+        if self._calls is None:
+            self._calls = [(call, dotted(call.func)) for call in self.of_kind(cst.Call)]
+        return self._calls
+
+
 def is_main_test(test: cst.BaseExpression) -> bool:
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return False
@@ -169,17 +269,22 @@ def names_in(node: cst.CSTNode) -> set[str]:
     """Every dotted Name/Attribute chain in `node` (`self.model`, `model`, `self`)."""
     found: set[str] = set()
 
-    class _Visit(cst.CSTVisitor):
-        def visit_Attribute(self, n: cst.Attribute) -> None:
-            name = dotted(n)
+    def enter(n: cst.CSTNode) -> None:
+        kind = type(n)
+        if kind is cst.Name:
+            found.add(n.value)  # type: ignore[attr-defined]
+        elif kind is cst.Attribute:
+            name = dotted(n)  # type: ignore[arg-type]
             if name:
                 found.add(name)
 
-        def visit_Name(self, n: cst.Name) -> None:
-            found.add(n.value)
-
-    node.visit(_Visit())
+    # The read-only walk (libcst's visit rebuilds every node it passes).
+    walk(node, enter, _nothing)
     return found
+
+
+def _nothing(node: cst.CSTNode) -> None:
+    pass
 
 
 def mentions(node: cst.CSTNode, name: str) -> bool:

@@ -22,7 +22,6 @@ from ddpify.gates import (
     check_comments_kept,
     check_compiles,
     check_roundtrip,
-    comments,
 )
 from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, guarded
@@ -102,7 +101,7 @@ def _migrate_sources(
             if render.code(module) != texts[name]:
                 _in_file(name, several, _not_roundtrip)
     modules = parsed
-    trees = link([Tree(module) for module in modules])
+    trees = link([Tree(module, texts[name]) for name, module in zip(names, modules)])
     stages = {name: [("input", texts[name])] for name in names}
     try:
         plans = analyze_project(trees, options)
@@ -114,7 +113,7 @@ def _migrate_sources(
                     name, several, _run_pass, pass_name, run, tree, plan, render
                 )
                 if code is not None:
-                    trees[index] = Tree(module)
+                    trees[index] = Tree(module, code, previous=tree)
                     changed = True
                 stages[name].append((pass_name, stages[name][-1][1] if code is None else code))
             if changed:
@@ -126,11 +125,12 @@ def _migrate_sources(
         ]
     results = []
     outputs = []  # each output as libcst parses it (parsed once, for every gate)
-    for name, plan in zip(names, plans):
+    for index, (name, plan) in enumerate(zip(names, plans)):
         output = stages[name][-1][1]
         if gates:
             outputs.append(_in_file(name, several, check_compiles, output, "output"))
-            _in_file(name, several, _gate_comments, stages[name])
+            ends = (modules[index], trees[index].module)
+            _in_file(name, several, _gate_comments, stages[name], render, ends)
         results.append(_result(name, texts[name], output, plan))
     if gates and any(result.changed for result in results):
         _gate_idempotent(results, options, passes, render, outputs)
@@ -178,16 +178,46 @@ def _run_pass(
         raise
     except Exception as exc:  # a bug in the pass: blame it, write nothing
         raise GateError(name, f"{type(exc).__name__}: {exc}") from exc
+    written = _written_code(render, tree.module, module, code)
+    if written is not None and _compile_error(written) is None:
+        return module, code  # what the pass wrote compiles; the rest compiled before
     _compiles(code, name)
     return module, code
 
 
-def _compiles(code: str, pass_name: str) -> None:
-    """Python's own compiler, per pass (cheap); the final output also goes through libcst."""
+def _written_code(
+    render: ModuleText, before: cst.Module, after: cst.Module, code: str
+) -> str | None:
+    """The code of the top-level statements of `after` that `before` does not hold (what
+    the pass wrote), or None when the whole text must be compiled. A top-level statement
+    begins and ends a line with nothing open across it, so it compiles alone as it does
+    in the module, except under a `__future__` import (it changes the grammar)."""
+    if (
+        not after.has_trailing_newline
+        or (before.default_indent, before.default_newline)
+        != (after.default_indent, after.default_newline)
+        or "__future__" in code
+    ):
+        return None
+    kept = {id(statement) for statement in before.body}
+    return "".join(
+        render.code_of(after, statement) for statement in after.body if id(statement) not in kept
+    )
+
+
+def _compile_error(code: str) -> Exception | None:
     try:
         compile(code, "<output>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
-        raise GateError(pass_name, f"output does not compile: {exc}") from None
+        return exc
+    return None
+
+
+def _compiles(code: str, pass_name: str) -> None:
+    """Python's own compiler, per pass (cheap); the final output also goes through libcst."""
+    error = _compile_error(code)
+    if error is not None:
+        raise GateError(pass_name, f"output does not compile: {error}") from None
 
 
 def _result(filename: str, text: str, output: str, plan: Plan) -> MigrationResult:
@@ -216,9 +246,12 @@ def _amp_label(plan: Plan) -> str:
     return "off" if plan.shape.converts else "unchanged"
 
 
-def _gate_comments(stages: list[tuple[str, str]]) -> None:
-    """No comment of the input may be lost; blame the first pass that dropped one."""
-    if not (comments(stages[0][1]) - comments(stages[-1][1])):
+def _gate_comments(
+    stages: list[tuple[str, str]], render: ModuleText, ends: tuple[cst.Module, cst.Module]
+) -> None:
+    """No comment of the input may be lost; blame the first pass that dropped one.
+    `ends`: the modules of the first and last stage (whose code `render` made)."""
+    if not (render.comments(ends[0]) - render.comments(ends[1])):
         return
     for (_, before), (name, after) in zip(stages, stages[1:]):
         check_comments_kept(before, after, name)
@@ -252,7 +285,12 @@ def _gate_check(result: MigrationResult, module: cst.Module) -> None:
     from ddpify.rules import ALL_RULES
 
     claimed = result.fixed_codes
-    found = check_module(module, result.output, result.filename, ALL_RULES).diagnostics
+    # Only the claimed codes' rules: each rule reports on its own (engine.py), so their
+    # findings are the ones a check with every rule makes, at a fraction of the cost.
+    rules = [rule for rule in ALL_RULES if rule.CODE in claimed]
+    if not rules:
+        return
+    found = check_module(module, result.output, result.filename, rules).diagnostics
     left = [d for d in found if d.code in claimed]
     if not left:
         return

@@ -210,7 +210,7 @@ def _has_buffers(tree: Tree) -> bool:
     cache = tree.__dict__.setdefault("_rank_zero_buffers", [])
     if not cache:
         trees = getattr(tree.view, "trees", [tree])
-        cache.append(any(word in t.module.code for t in trees for word in BUFFER_WORDS))
+        cache.append(any(word in t.text for t in trees for word in BUFFER_WORDS))
     return cache[0]
 
 

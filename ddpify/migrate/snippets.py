@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import libcst as cst
 
 from ddpify.migrate.analyze import SETUP_FUNCTION
@@ -70,7 +72,7 @@ DEVICE_IDS = "[LOCAL_RANK] if torch.cuda.is_available() else None"
 
 def statements(code: str, comment: str | None = None) -> list[cst.BaseStatement]:
     """Parse `code` as statements; leading blank lines and `comment` go before the first."""
-    module = cst.parse_module(code)
+    module = _parsed_module(code)
     body = list(module.body)
     leading = list(module.header)
     if comment is not None:
@@ -85,7 +87,24 @@ def statement(code: str) -> cst.BaseStatement:
 
 
 def expression(code: str) -> cst.BaseExpression:
+    return _parsed_expression(code).deep_clone()
+
+
+# A pass builds the same snippet once per site (`if RANK == 0:` around every print): parse
+# each text once, and hand every caller its own copy (passes and trees key their maps by
+# node identity, so one node object must never sit in two places of a tree).
+@functools.lru_cache(maxsize=512)
+def _parsed_expression(code: str) -> cst.BaseExpression:
     return cst.parse_expression(code)
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed_template(code: str) -> cst.Module:
+    return cst.parse_module(code)
+
+
+def _parsed_module(code: str) -> cst.Module:
+    return _parsed_template(code).deep_clone()
 
 
 def setup_function(dist: str, cuda: bool) -> list[cst.BaseStatement]:

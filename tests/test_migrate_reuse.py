@@ -1,0 +1,109 @@
+"""What the migration pipeline reuses between passes gives the answers it gives without
+reuse: a tree built from the one before a pass (reusing the walk of the statements the
+pass left alone) answers as one built from scratch; the comments counted per statement
+are the ones tokenize finds in the whole text; the compile gate that compiles only what
+a pass wrote still names the pass whose output does not compile."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from ddpify.analysis.tree import Tree
+from ddpify.codegen import ModuleText
+from ddpify.gates import GateError, comments
+from ddpify.migrate import migrate_source
+from ddpify.migrate.edits import Edits
+from ddpify.migrate.pipeline import PASSES
+from ddpify.migrate.snippets import expression, statement
+from tests.helpers import FIXTURES
+
+SCRIPT = (FIXTURES / "migrate" / "single_main_argparse" / "before.py").read_text()
+
+
+def _edited(tree: Tree) -> cst.Module:
+    """Guard every print, add an import, move `.cuda()` calls: edits at several depths."""
+    edits = Edits()
+    for call in tree.find(cst.Call):
+        if isinstance(call.func, cst.Name) and call.func.value == "print":
+            edits.replace(
+                tree.statement(call), statement(f"if RANK == 0:\n    {tree.code(call)}\n")
+            )
+        elif isinstance(call.func, cst.Attribute) and call.func.attr.value == "cuda":
+            edits.replace(call, expression(f"{tree.code(call.func.value)}.to(device)"))
+    edits.before[tree.module.body[0]].append(statement("import os\n"))
+    return edits.apply(tree.module, tree.parent)
+
+
+def _answers(tree: Tree) -> tuple:
+    return (
+        tree.nodes,
+        tree.order,
+        tree.parent,
+        tree.imports.aliases,
+        tree.imports.modules,
+        tree.find(cst.Call),
+        tree.find(cst.BaseStatement),
+        tree.find(cst.Module),
+        tree.calls_to("torch.save", "os.environ.get"),
+        tree.functions(),
+    )
+
+
+def test_a_tree_reusing_the_previous_walk_answers_as_a_fresh_one():
+    before = Tree(cst.parse_module(SCRIPT))
+    before.find(cst.Call)  # per-kind lists made before the edit are reused too
+    before.calls_to("torch.save")
+    module = _edited(before)
+    reused = Tree(module, previous=before)
+    fresh = Tree(module)
+    assert _answers(reused) == _answers(fresh)
+    assert reused.text == fresh.text == module.code
+    unchanged = [s for s in module.body if s in before.module.body]
+    assert unchanged and len(unchanged) < len(module.body)  # the edit kept some, not all
+    assert all(reused._segment_of[s] is before._segment_of[s] for s in unchanged)
+    for container in [*fresh.find(cst.FunctionDef), *fresh.find(cst.For)]:
+        assert list(reused.within(container)) == list(fresh.within(container))
+
+
+def test_comments_counted_per_statement_are_the_whole_texts():
+    text = (
+        "#!/usr/bin/env python\n"
+        "# header\n\n"
+        "import torch  # trailing\n"
+        's = "# not a comment"\n'
+        "def f():\n"
+        "    x = '''\n# inside a string\n'''\n"
+        "    # at the end of the block\n"
+        "    return x\n"
+        "    # footer of the block\n"
+        "# before g\n"
+        "g = [\n    1,  # in brackets\n]\n"
+        "# last line\n"
+    )
+    module = cst.parse_module(text)
+    render = ModuleText()
+    assert render.comments(module) == comments(text)
+    edited = module.with_changes(body=[*module.body[:2], statement("y = 2  # new\n")])
+    assert render.comments(edited) == comments(edited.code)
+
+
+def _insert_first(code: str):
+    """A broken pass: puts `code` above the first statement, leaving that one as it was."""
+
+    def run(tree, plan):
+        edits = Edits()
+        edits.before[tree.module.body[0]].append(cst.parse_statement(code))
+        return edits
+
+    return run
+
+
+def test_a_pass_that_moves_the_future_import_off_the_top_is_named():
+    # What the pass wrote (`x = 1`) compiles alone; the module around it does not.
+    script = "from __future__ import annotations\n" + SCRIPT
+    passes = [*PASSES[:2], ("broken", _insert_first("x = 1\n"))]
+    with pytest.raises(GateError) as info:
+        migrate_source(script, "t.py", passes=passes)
+    assert info.value.pass_name == "broken"
+    assert "does not compile" in info.value.reason
