@@ -76,10 +76,19 @@ def test_clipping_still_scaled_gradients_is_named_as_the_cause():
     assert "number of processes" not in result.message
 
 
-def test_per_rank_batch_norm_statistics_are_a_mismatch_with_their_cause():
+def test_per_rank_batch_norm_statistics_make_differing_gradients_inconclusive():
+    # Per-process statistics are a valid DDP set-up that no single process computes.
     result = verdict(record(GRADS), converted_pair([g + 0.1 for g in GRADS], {"local_bn": True}))
-    assert (result.exit_code, result.verdict) == (1, "mismatch")
+    assert (result.exit_code, result.verdict) == (2, "inconclusive")
     assert "BatchNorm without SyncBatchNorm" in result.message
+    assert any("DDP030" in reason for reason in result.inconclusive)
+
+
+def test_per_rank_batch_norm_statistics_do_not_excuse_wrong_data():
+    # Every rank trained on the whole batch (no sampler): a mismatch, BatchNorm or not.
+    ranks = [record([g + 0.1 for g in GRADS], {"local_bn": True}, rank=r) for r in (0, 1)]
+    result = verdict(record(GRADS), ranks)
+    assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
 
 
 # -- random draws -------------------------------------------------------------------------------

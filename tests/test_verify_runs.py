@@ -77,6 +77,12 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
         pairs[f"migrate/{case}"] = (migrated / "before.py", migrated / "after.py", {})
     global_policy = {"batch_policy": "global", "lr_scale": None}  # the markers say per-rank
     pairs["global policy"] = (MLP / "original.py", MLP / "converted.py", global_policy)
+    cnn_bn = VERIFY / "cnn_bn"
+    pairs["cnn_bn/bug_no_sync_batchnorm.py"] = (
+        cnn_bn / "original.py",
+        cnn_bn / "bug_no_sync_batchnorm.py",
+        {},
+    )
     mixup = {"script_args": ["--mixup"]}
     augment = VERIFY / "augment"
     pairs["mixup"] = (augment / "original.py", augment / "converted.py", mixup)
@@ -213,7 +219,6 @@ def test_migrated_fixture_verifies(case, note, device_env, batched):
 # (fixture, planted bug, what the first mismatch must say)
 OWN_PLANTED_BUGS = [
     ("gan", "bug_discriminator_not_wrapped.py", "gradients of rank 1 differ from rank 0's"),
-    ("cnn_bn", "bug_no_sync_batchnorm.py", "BatchNorm without SyncBatchNorm"),
     ("transformer", "bug_forward_bypasses_ddp.py", "gradients of rank 1 differ from rank 0's"),
     # Augmented per sample, the data are compared again: a missing sampler is named as such.
     ("augment", "bug_no_sampler.py", "every process saw the same batch"),
@@ -230,6 +235,15 @@ def test_own_planted_bug_fails(case, converted, says, device_env, batched):
     result = batched(device_env)[f"{case}/{converted}"]
     assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
     assert says in result.message
+
+
+@in_batch
+@cpu_and_gpu
+def test_batch_norm_without_sync_batch_norm_is_inconclusive_naming_it(device_env, batched):
+    """Each rank's own statistics: no single process computes them, so no verdict either way."""
+    result = batched(device_env)["cnn_bn/bug_no_sync_batchnorm.py"]
+    assert (result.exit_code, result.verdict) == (2, "inconclusive"), result.message
+    assert "BatchNorm without SyncBatchNorm" in result.message
 
 
 @in_batch

@@ -60,7 +60,8 @@ BatchNorm: in training mode both runs compute batch statistics with the same Pyt
 converted run all-reduces them across the ranks (SyncBatchNorm's math, autograd included) for
 SyncBatchNorm modules, and on CPU for plain BatchNorm when the script converts to SyncBatchNorm
 on CUDA only (as `ddpify migrate` writes it). A conversion without SyncBatchNorm keeps each
-rank's own statistics, and the mismatch it causes names that cause.
+rank's own statistics, which no single process computes: the gradient comparison is
+inconclusive and names that cause (data and learning-rate differences still fail).
 
 Weights that drift apart: an adaptive optimizer (Adam) turns gradient rounding near its eps
 into steps of up to the learning rate, so after matching gradients the runs may continue from

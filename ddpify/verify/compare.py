@@ -371,10 +371,14 @@ def read_batch_norm_flags(any_flag, converted: list[dict], nproc: int, result) -
             "with autograd), in both runs the same Python implementation"
         )
     if any_flag("local_bn", converted):
-        result.causes.append(
+        # Per-process statistics are a legitimate DDP set-up (DDP030 is info level; SyncBatchNorm
+        # cannot run on CPU at all), but no single-process run computes them: inconclusive, not
+        # a pass and not a mismatch (anchors: verify's reliability gate).
+        result.inconclusive.append(
             "BatchNorm without SyncBatchNorm: each process normalises with the statistics of "
-            "its own part of the batch, the original with those of the whole batch (convert "
-            "with nn.SyncBatchNorm.convert_sync_batchnorm before the DDP wrap, DDP030)"
+            "its own part of the batch, the single process with those of the whole batch, so "
+            "their gradients cannot be compared (convert with "
+            "nn.SyncBatchNorm.convert_sync_batchnorm before the DDP wrap, on CUDA, DDP030)"
         )
 
 
