@@ -418,3 +418,19 @@ def test_the_probe_recognises_the_note_migrate_writes_on_a_hand_split_batch():
     from ddpify.migrate.data import HAND_MADE_NOTE
 
     assert probe.HAND_SPLIT_MARKER in HAND_MADE_NOTE
+
+
+# -- batches compared with themselves (contrastive losses) ------------------------------------
+
+
+def test_a_contrastive_loss_makes_differing_gradients_inconclusive_naming_it():
+    flags = {"batch_comparison": "torch.matmul(z, z.T) (losses.py:14)"}
+    result = verdict(record(GRADS), converted_pair([g + 0.1 for g in GRADS], flags))
+    assert (result.exit_code, result.verdict) == (2, "inconclusive"), result.message
+    assert any("losses.py:14" in reason for reason in result.inconclusive)
+
+
+def test_a_contrastive_loss_does_not_stop_agreeing_gradients_from_matching():
+    flags = {"batch_comparison": "torch.matmul(z, z.T) (losses.py:14)"}
+    result = verdict(record(GRADS), converted_pair(GRADS, flags))
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.batch_coupling import batch_comparisons
 from ddpify.analysis.endless import pass_restarts
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
@@ -98,8 +99,25 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _note_step_loop_order(tree, plan, unplaced)
     if plan.shape.converts:
         _note_adaptive_solvers(tree, plan)
+        if not project_replicates(tree):
+            _note_batch_comparisons(tree, plan)
     _map_location(tree, plan, edits)
     return edits
+
+
+def _note_batch_comparisons(tree: Tree, plan: Plan) -> None:
+    """A contrastive loss compares every sample of the batch with every other: split by
+    rank, each rank compares only its own samples (analysis/batch_coupling.py)."""
+    for node in batch_comparisons(tree):
+        function = tree.function(node)
+        plan.needs_human(
+            f"`{tree.code(node)}` in `{function.name.value}` compares every row with every "
+            "other: where those rows are the samples of the batch (a contrastive loss), each "
+            "rank now compares only the samples of its own batch, not the whole batch; to "
+            "compare across ranks, gather the features first (`torch.distributed.nn."
+            "all_gather`, which keeps their gradients) and concatenate them",
+            tree.code(tree.statement(node)),
+        )
 
 
 ODE_SOLVERS = ("torchdiffeq.odeint", "torchdiffeq.odeint_adjoint")

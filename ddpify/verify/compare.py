@@ -320,6 +320,14 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
             "the training loop draws random numbers between optimizer steps (random batches, "
             "noise, torch.dropout outside nn.functional): they differ between 1 and N processes"
         )
+    compared = any_flag("batch_comparison", converted)
+    if compared:
+        result.caveats.append(
+            f"the conversion compares the samples of a batch with each other ({compared}, a "
+            "contrastive loss?): each process compares only its own samples, the single "
+            "process all of them, so their gradients differ by design unless the features "
+            "are gathered across processes first"
+        )
     solver = any_flag("adaptive_solver", both)
     if solver and nproc > 1:
         result.inconclusive.append(

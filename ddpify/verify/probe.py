@@ -1253,6 +1253,32 @@ def project_mentions(script: str, mentions) -> bool:
     return any(mentions(str(path)) for path in list(project.modules)[1:])
 
 
+def project_batch_comparison(script: str) -> str | None:
+    """The first comparison of a batch's rows with each other (a contrastive loss) in the
+    script or a local module it imports, as `code (file:line)`; None when there is none."""
+    import libcst as cst
+
+    from ddpify.analysis.batch_coupling import batch_comparisons
+    from ddpify.analysis.tree import Tree
+
+    try:
+        from ddpify.analysis.project import Project
+
+        sources = [(m.path, m.text) for m in Project.discover([script]).modules.values()]
+    except Exception:  # an unreadable module: no finding, as for a module that is not there
+        return None
+    for path, text in sources:
+        try:
+            module = cst.parse_module(text)
+        except cst.ParserSyntaxError:
+            continue
+        tree = Tree(module)
+        for node in batch_comparisons(tree):
+            line = text[: text.find(tree.code(node))].count("\n") + 1
+            return f"{tree.code(node)} ({path.name}:{line})"
+    return None
+
+
 def mentions_hand_split(path: str) -> bool:
     """Whether a `# ddpify:` comment of the file says the migration split hand-made batches
     by rank (HAND_SPLIT_MARKER, the note `ddpify migrate` writes above the split)."""
@@ -1321,6 +1347,10 @@ def main() -> int:
     probe = Probe(config)
     probe.script_converts_sync_bn = project_mentions_sync_batch_norm(script)
     probe.script_splits_batches = project_mentions(script, mentions_hand_split)
+    if probe.role == "converted" and probe.world > 1:
+        compared = project_batch_comparison(script)
+        if compared:
+            probe.flag("batch_comparison", compared)
     probe.install()
     try:
         run_script(script, argv, config.get("display_path") or script)

@@ -1,0 +1,138 @@
+"""Comparisons of a batch's rows with each other (contrastive losses): found by the
+analysis, named by migrate where the batch is split, and excused by verify only as a
+reason the gradients may differ."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from ddpify.analysis.batch_coupling import batch_comparisons
+from ddpify.analysis.tree import Tree
+from ddpify.migrate import migrate_source
+
+
+def comparisons(body: str) -> list[str]:
+    source = "import torch\nimport torch.nn as nn\n\n" + textwrap.dedent(body)
+    tree = Tree(cst.parse_module(source))
+    return [tree.code(node) for node in batch_comparisons(tree)]
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "torch.matmul(anchor, contrast.T)",
+        "anchor @ contrast.t()",
+        "torch.mm(anchor, contrast.transpose(0, 1))",
+        "anchor @ anchor.permute(1, 0)",
+        "torch.cdist(anchor, contrast)",
+    ],
+)
+def test_a_batch_compared_with_a_batch_is_found(expression):
+    found = comparisons(
+        f"""
+        def similarity_loss(features, temperature=0.1):
+            anchor = features[:, 0]
+            contrast = torch.cat(torch.unbind(features, dim=1), dim=0)
+            logits = {expression} / temperature
+            return logits.logsumexp(dim=1).mean()
+        """
+    )
+    assert found == [expression]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # a layer's own weight: a projection of each sample, not a comparison
+        "return x @ self.weight.T",
+        "w = self.weight\n    return torch.matmul(x, w.t())",
+        "w = self.layers[0].weight\n    return x @ w.T",
+        # attention inside each sample: the last two dimensions, never the batch
+        "return torch.matmul(x, x.transpose(-2, -1))",
+        "return x @ x",
+    ],
+)
+def test_projections_and_per_sample_products_are_not_comparisons(body):
+    source = "class Layer(nn.Module):\n    def forward(self, x):\n        " + body.replace(
+        "\n    ", "\n        "
+    )
+    assert comparisons(source) == []
+
+
+def test_values_a_constructor_builds_are_not_a_batch():
+    # an orthogonal initial weight from an SVD: `self.dim` reads `self`, not the argument
+    body = """
+    class Operator(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.dim = dim
+            u, _, v = torch.svd(torch.randn(self.dim, self.dim))
+            self.weight = nn.Parameter(torch.mm(u, v.t()))
+    """
+    assert comparisons(body) == []
+
+
+def test_module_level_products_are_not_comparisons():
+    assert comparisons("a = torch.ones(3, 2)\nsim = a @ a.T\n") == []
+
+
+CONTRASTIVE = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class ContrastiveLoss(nn.Module):
+    def __init__(self, temperature=0.5):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, z1, z2):
+        z = F.normalize(torch.cat([z1, z2]), dim=1)
+        sim = torch.matmul(z, z.T) / self.temperature
+        sim.fill_diagonal_(-1e9)
+        n = z1.size(0)
+        targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
+        return F.cross_entropy(sim, targets)
+
+
+def main():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 10))
+    loader = DataLoader(data, batch_size=16, shuffle=True)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 8))
+    criterion = ContrastiveLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for (x,) in loader:
+            noisy = x + 0.1 * torch.randn_like(x)
+            loss = criterion(model(x), model(noisy))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_migrate_names_a_contrastive_loss_that_now_compares_one_rank_only():
+    result = migrate_source(CONTRASTIVE, "train_contrastive.py")
+    assert result.migrated, result.reason
+    notes = [item for item in result.needs_human if "compares every row" in item.why]
+    assert len(notes) == 1
+    assert "all_gather" in notes[0].why
+    line = result.output.splitlines()[notes[0].line - 1].strip()
+    assert line == "sim = torch.matmul(z, z.T) / self.temperature"
+
+
+def test_migrate_says_nothing_of_a_product_that_compares_no_rows():
+    plain = CONTRASTIVE.replace("sim = torch.matmul(z, z.T)", "sim = torch.matmul(z, z)")
+    result = migrate_source(plain, "train_contrastive.py")
+    assert result.migrated, result.reason
+    assert not [item for item in result.needs_human if "compares every row" in item.why]
