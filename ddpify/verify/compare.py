@@ -323,10 +323,10 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
     compared = any_flag("batch_comparison", converted)
     if compared:
         result.caveats.append(
-            f"the conversion compares the samples of a batch with each other ({compared}, a "
-            "contrastive loss?): each process compares only its own samples, the single "
-            "process all of them, so their gradients differ by design unless the features "
-            "are gathered across processes first"
+            "samples of a batch compared with each other (a contrastive loss?): "
+            f"`{compared}` in the conversion; each process compares only its own samples, the "
+            "single process all of them, so their gradients differ by design unless the "
+            "features are gathered across processes first"
         )
     solver = any_flag("adaptive_solver", both)
     if solver and nproc > 1:
