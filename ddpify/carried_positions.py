@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange
 
-from ddpify.positions import Positions, _ast_statement_rows, _statement_order
+from ddpify.positions import Positions, ast_statement_rows, statement_order
 
 # A top-level statement -> its nodes' positions, rows counted from the statement's first
 # row (0 for the row where its leading comments and blank lines start).
@@ -67,8 +67,8 @@ class CarriedPositions(Positions):
         if top is None:
             return super()._statement_row(statement)
         if top not in self._rows_in:
-            order = _statement_order(cst.Module(body=[top]))  # type: ignore[list-item]
-            rows = _ast_statement_rows(self.code_of(top))
+            order = statement_order(cst.Module(body=[top]))  # type: ignore[list-item]
+            rows = ast_statement_rows(self.code_of(top))
             if rows is not None and len(rows) == len(order):
                 rows = [row + self.first_rows[top] - 1 for row in rows]
             else:

@@ -201,8 +201,8 @@ class Positions(Mapping):
     def _statement_row(self, statement: cst.BaseStatement) -> int | None:
         """The row CPython gives the statement's first token (past decorators, comments)."""
         if self._ast_rows is None:
-            self._ast_rows = _ast_statement_rows(self.text)
-            self._order = _statement_order(self.module)
+            self._ast_rows = ast_statement_rows(self.text)
+            self._order = statement_order(self.module)
             if self._ast_rows is None or len(self._ast_rows) != len(self._order):
                 self._ast_rows = []
                 return None
@@ -243,7 +243,7 @@ def _matches(text: str, offset: int, code: str) -> bool:
     return offset + len(stripped) == len(text) and text.startswith(stripped, offset)
 
 
-def _statement_order(module: cst.Module) -> dict[cst.CSTNode, int]:
+def statement_order(module: cst.Module) -> dict[cst.CSTNode, int]:
     """Every small and block statement, numbered in source order as CPython's ast lists
     them (a line `a = 1; b = 2` is two statements)."""
     order: dict[cst.CSTNode, int] = {}
@@ -262,7 +262,7 @@ def _statement_order(module: cst.Module) -> dict[cst.CSTNode, int]:
     return order
 
 
-def _ast_statement_rows(text: str) -> list[int] | None:
+def ast_statement_rows(text: str) -> list[int] | None:
     """The row of every statement, in source order; None where CPython cannot parse it."""
     try:
         with warnings.catch_warnings():

@@ -20,7 +20,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis.names import dotted
-from ddpify.analysis.roles import _cached
+from ddpify.analysis.roles import view_cached
 
 BATCH_NORM = re.compile(r"^(Lazy)?BatchNorm[123]d$")
 # Methods that return the module they are called on.
@@ -101,7 +101,7 @@ def _names_holder(view, name: str) -> bool:
 
 def batch_norm_holders(view) -> frozenset[str]:
     """Names of the project's classes and functions that may build BatchNorm layers."""
-    return _cached(view, "batch_norm_holders", lambda: _holders(view))
+    return view_cached(view, "batch_norm_holders", lambda: _holders(view))
 
 
 def _holders(view) -> frozenset[str]:
@@ -131,7 +131,7 @@ def _project_definitions(view) -> dict[str, cst.CSTNode]:
                     found.setdefault(name, value)
         return found
 
-    return _cached(view, "batch_norm_definitions", compute)
+    return view_cached(view, "batch_norm_definitions", compute)
 
 
 def _module_constants(node: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
@@ -173,7 +173,7 @@ def _bindings(view) -> dict[str, list[cst.BaseExpression]]:
                     found.setdefault(name, []).append(call.args[-1].value)
         return found
 
-    return _cached(view, "batch_norm_bindings", compute)
+    return view_cached(view, "batch_norm_bindings", compute)
 
 
 def _any(answers: list[bool | None]) -> bool | None:

@@ -36,7 +36,7 @@ _SCHEDULER_OR_OPTIMIZER = re.compile(r"sched|optim", re.I)
 LOOPS = (cst.For, cst.While)
 
 
-def _cached(view, key, compute):
+def view_cached(view, key, compute):
     """Facts about a whole view (one tree, or a project's modules) asked by every pass and
     for every module: computed once per view; trees are never edited in place, so a view
     is a snapshot."""
@@ -104,7 +104,7 @@ def bound_target(tree: Tree, call: cst.Call) -> str | None:
 
 
 def model_names(tree: Tree) -> set[str]:
-    return set(_cached(tree.view, "model_names", lambda: frozenset(_model_names(tree))))
+    return set(view_cached(tree.view, "model_names", lambda: frozenset(_model_names(tree))))
 
 
 def _model_names(tree: Tree) -> set[str]:
@@ -187,7 +187,7 @@ def _parameter_group_methods(view) -> frozenset[str]:
                     found.add(statement.name.value)
         return frozenset(found - set(PARAMETER_METHODS))
 
-    return _cached(view, "parameter_group_methods", compute)
+    return view_cached(view, "parameter_group_methods", compute)
 
 
 def _trained_modules(view) -> list[str]:
@@ -207,7 +207,7 @@ def optimizer_names(tree: Tree) -> set[str]:
 
 def propagate(tree: Tree, names: set[str]) -> set[str]:
     key = ("propagate", frozenset(names))
-    return set(_cached(tree.view, key, lambda: frozenset(_propagate(tree, names))))
+    return set(view_cached(tree.view, key, lambda: frozenset(_propagate(tree, names))))
 
 
 def _propagate(tree: Tree, names: set[str]) -> set[str]:
@@ -283,7 +283,7 @@ def training_loops(tree: Tree) -> list[cst.For | cst.While]:
 
 
 def _training_loops(view) -> list[cst.For | cst.While]:
-    return _cached(view, "training_loops", lambda: _find_training_loops(view))
+    return view_cached(view, "training_loops", lambda: _find_training_loops(view))
 
 
 def _find_training_loops(view) -> list[cst.For | cst.While]:
@@ -367,7 +367,7 @@ def train_loaders(tree: Tree) -> tuple[list[Loader], list[cst.For]]:
     `Loader.call` may lie in another module than `tree`'s), and the training loops of this
     module that iterate something that is not a DataLoader."""
     view = tree.view
-    loaders, unresolved = _cached(view, "train_loaders", lambda: _train_loaders(view))
+    loaders, unresolved = view_cached(view, "train_loaders", lambda: _train_loaders(view))
     return list(loaders), [loop for loop in unresolved if tree.owns(loop)]
 
 
@@ -669,7 +669,7 @@ def stream_batch(tree: Tree, loop: cst.For | cst.While) -> StreamBatch | None:
     names = item_names(loop.target, stream.enumerates) if stream is not None else None
     if stream is None or not names or _split_at_target(loop, names):
         return None
-    makers = _cached(view, "stream_makers", lambda: frozenset(_stream_makers(view)))
+    makers = view_cached(view, "stream_makers", lambda: frozenset(_stream_makers(view)))
     maker = maker_of(stream.source, makers)
     if maker is None:
         name = dotted(stream.source)
