@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.frozen import loop_targets
 from ddpify.analysis.names import method_name
 from ddpify.walk import walk
 
@@ -95,7 +96,7 @@ def _from_arguments(tree, function: cst.FunctionDef) -> set[str]:
             if not _names_read(assign.value) & derived:
                 continue
             for target in assign.targets:
-                for name in _target_names(target.target) - derived:
+                for name in loop_targets(target.target) - derived:
                     derived.add(name)
                     changed = True
     return derived
@@ -114,11 +115,3 @@ def _names_read(value: cst.BaseExpression) -> set[str]:
 
     walk(value, enter, lambda node: None)
     return found
-
-
-def _target_names(target: cst.BaseExpression) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return {n for element in target.elements for n in _target_names(element.value)}
-    return set()

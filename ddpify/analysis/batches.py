@@ -31,7 +31,7 @@ class BatchAssignment:
     value: cst.BaseExpression
 
 
-def _body_nodes(loop: cst.CSTNode) -> list[cst.CSTNode]:
+def body_nodes(loop: cst.CSTNode) -> list[cst.CSTNode]:
     """Every node in the loop in source order, nested functions and classes excluded."""
     found, stack = [], list(children(loop))[::-1]
     while stack:
@@ -59,7 +59,7 @@ def model_calls(loop: cst.CSTNode, models: set[str]) -> list[cst.Call]:
     """Direct calls of a trained module in the loop: `model(x)`, `G(z)`."""
     return [
         node
-        for node in _body_nodes(loop)
+        for node in body_nodes(loop)
         if isinstance(node, cst.Call) and dotted(node.func) in models
     ]
 
@@ -70,7 +70,7 @@ def batch_assignments(loop: cst.CSTNode, models: set[str]) -> list[BatchAssignme
     arguments = _model_arguments(loop, models)
     outputs = model_outputs(loop, models)
     found: list[BatchAssignment] = []
-    for node in _body_nodes(loop):
+    for node in body_nodes(loop):
         if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
             continue
         assign = node.body[0]
@@ -97,7 +97,7 @@ def _model_arguments(loop: cst.CSTNode, models: set[str]) -> set[str]:
 def model_outputs(loop: cst.CSTNode, models: set[str]) -> set[str]:
     """Names the loop binds from a trained module's output (`outputs, states = model(x)`)."""
     found: set[str] = set()
-    for node in _body_nodes(loop):
+    for node in body_nodes(loop):
         if isinstance(node, cst.Assign) and model_calls(node, models):
             found.update(_assigned_names(node) or ())
     return found
@@ -108,7 +108,7 @@ def carried_state(loop: cst.CSTNode, models: set[str]) -> list[str]:
     hidden state (`out, states = model(x, states)`), sized by the batch it started with."""
     carried: set[str] = set()
     seen_as_argument: set[str] = set()
-    for node in _body_nodes(loop):
+    for node in body_nodes(loop):
         if isinstance(node, cst.Call) and dotted(node.func) in models:
             seen_as_argument |= {a.value.value for a in node.args if isinstance(a.value, cst.Name)}
         elif isinstance(node, cst.Assign) and model_calls(node, models):
@@ -122,13 +122,13 @@ def carried_state(loop: cst.CSTNode, models: set[str]) -> list[str]:
 
 def _already_sharded(value: cst.BaseExpression) -> bool:
     return any(
-        isinstance(node, cst.Name) and node.value == "WORLD_SIZE" for node in _body_nodes(value)
+        isinstance(node, cst.Name) and node.value == "WORLD_SIZE" for node in body_nodes(value)
     )
 
 
 def single_example(value: cst.BaseExpression) -> bool:
     """`Xtr[[i]]`: a batch of exactly one example, which cannot be split across ranks."""
-    nodes = [value, *_body_nodes(value)]
+    nodes = [value, *body_nodes(value)]
     for node in nodes:
         if isinstance(node, cst.Subscript) and len(node.slice) == 1:
             index = node.slice[0].slice
@@ -140,5 +140,5 @@ def single_example(value: cst.BaseExpression) -> bool:
 
 def names_read(value: cst.BaseExpression) -> set[str]:
     """Plain names the expression reads (`data_gen` in `data_gen.__next__()`)."""
-    nodes = [value, *_body_nodes(value)]
+    nodes = [value, *body_nodes(value)]
     return {node.value for node in nodes if isinstance(node, cst.Name)}

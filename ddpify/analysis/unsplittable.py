@@ -25,12 +25,12 @@ import libcst as cst
 from ddpify.analysis.batches import (
     BatchAssignment,
     batch_assignments,
+    body_nodes,
     carried_state,
     model_calls,
     single_example,
 )
 from ddpify.analysis.names import dotted
-from ddpify.walk import children
 
 DATA_LOADER = "torch.utils.data.DataLoader"
 FULL_BATCH = "full batch"
@@ -38,7 +38,6 @@ ONE_EXAMPLE = "one example per step"
 CARRIED_STATE = "carried state"
 # Calls that take the next batch from an iterator (`next(fetcher)`, `it.__next__()`).
 PULLS = frozenset({"next", "__next__", "iter"})
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 @dataclass
@@ -123,7 +122,7 @@ def pulled_batch(tree, loop: cst.For | cst.While) -> PulledBatch | None:
     """The first statement of the loop (or of a function of the module it calls) that
     takes something from an iterator: `inputs = next(fetcher)`, `x = it.__next__()`."""
     for body in [loop, *called_bodies(tree, loop)]:
-        for node in _nodes(body):
+        for node in body_nodes(body):
             if isinstance(node, cst.Call) and _is_pull(node):
                 source = dotted(node.args[0].value) if node.args else None
                 if source is None and isinstance(node.func, cst.Attribute):
@@ -142,7 +141,7 @@ def called_bodies(tree, loop) -> list[cst.FunctionDef]:
     owner = tree.view.owner(loop) if hasattr(tree.view, "owner") else tree
     functions = (owner or tree).functions()
     found = []
-    for node in _nodes(loop):
+    for node in body_nodes(loop):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
             func = functions.get(node.func.value)
             if func is not None and func not in found:
@@ -154,7 +153,7 @@ def _bound_names(body: cst.CSTNode) -> set[str]:
     """Names `body` binds: assignment targets, loop targets, `with ... as` names."""
     found: set[str] = set()
     targets: list[cst.CSTNode] = []
-    for node in _nodes(body):
+    for node in body_nodes(body):
         if isinstance(node, cst.Assign):
             targets += [t.target for t in node.targets]
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)):
@@ -168,7 +167,7 @@ def _bound_names(body: cst.CSTNode) -> set[str]:
     if isinstance(body, cst.FunctionDef):  # `def train(x)`: the caller hands the batch in
         found |= {param.name.value for param in _parameters(body.params)}
     for target in targets:
-        for node in [target, *_nodes(target)]:
+        for node in [target, *body_nodes(target)]:
             if isinstance(node, cst.Name):
                 found.add(node.value)
     return found
@@ -177,19 +176,6 @@ def _bound_names(body: cst.CSTNode) -> set[str]:
 def _parameters(params: cst.Parameters) -> list[cst.Param]:
     star = [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
     return [*params.posonly_params, *params.params, *params.kwonly_params, *star]
-
-
-def _nodes(root: cst.CSTNode) -> list[cst.CSTNode]:
-    """The nodes under `root` in source order, nested functions and classes excluded
-    (a function's own body is walked when `root` is that function)."""
-    found, stack = [], list(children(root))[::-1]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _SCOPES):
-            continue
-        found.append(node)
-        stack.extend(list(children(node))[::-1])
-    return found
 
 
 # -- what a loop that pulls its batch draws from, for its refusal -------------------------
