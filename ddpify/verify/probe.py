@@ -1234,26 +1234,47 @@ def strip_wrappers(name: str) -> str:
     return name
 
 
-def project_mentions_sync_batch_norm(script: str) -> bool:
+class ProjectFiles:
+    """The script and the local modules it imports, discovered once, when first asked for:
+    every probe question about the project (SyncBatchNorm, hand splits, batch comparisons)
+    reads the same discovery instead of walking the imports again."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+        self._discovered = False
+        self._modules: list[tuple] | None = None
+
+    def modules(self) -> list[tuple] | None:
+        """(path, text) of each module, the script first; None when one cannot be read."""
+        if not self._discovered:
+            self._discovered = True
+            try:
+                from ddpify.analysis.project import Project
+
+                found = Project.discover([self.script]).modules.values()
+                self._modules = [(module.path, module.text) for module in found]
+            except Exception:  # an unreadable module: callers fall back to the script alone
+                self._modules = None
+        return self._modules
+
+
+def project_mentions_sync_batch_norm(script: str, files: ProjectFiles | None = None) -> bool:
     """The script, or a local module it imports (a project migrated as a whole converts
     where its model is wrapped, e.g. exp/exp_forecast.py), names SyncBatchNorm."""
-    return project_mentions(script, mentions_sync_batch_norm)
+    return project_mentions(script, mentions_sync_batch_norm, files)
 
 
-def project_mentions(script: str, mentions) -> bool:
+def project_mentions(script: str, mentions, files: ProjectFiles | None = None) -> bool:
     """Whether `mentions(path)` holds for the script or a local module it imports."""
     if mentions(script):
         return True
-    try:
-        from ddpify.analysis.project import Project
-
-        project = Project.discover([script])
-    except Exception:  # an unreadable module: judge by the script alone
+    modules = (files or ProjectFiles(script)).modules()
+    if modules is None:  # judge by the script alone
         return False
-    return any(mentions(str(path)) for path in list(project.modules)[1:])
+    return any(mentions(str(path)) for path, _ in modules[1:])
 
 
-def project_batch_comparison(script: str) -> str | None:
+def project_batch_comparison(script: str, files: ProjectFiles | None = None) -> str | None:
     """The first comparison of a batch's rows with each other (a contrastive loss) in the
     script or a local module it imports, as `code (file:line)`; None when there is none."""
     import libcst as cst
@@ -1261,13 +1282,7 @@ def project_batch_comparison(script: str) -> str | None:
     from ddpify.analysis.batch_coupling import batch_comparisons
     from ddpify.analysis.tree import Tree
 
-    try:
-        from ddpify.analysis.project import Project
-
-        sources = [(m.path, m.text) for m in Project.discover([script]).modules.values()]
-    except Exception:  # an unreadable module: no finding, as for a module that is not there
-        return None
-    for path, text in sources:
+    for path, text in (files or ProjectFiles(script)).modules() or []:
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError:
@@ -1345,10 +1360,11 @@ def main() -> int:
     open(os.path.join(pid_dir, str(os.getpid())), "w").close()
     script, argv = sys.argv[1], sys.argv[2:]
     probe = Probe(config)
-    probe.script_converts_sync_bn = project_mentions_sync_batch_norm(script)
-    probe.script_splits_batches = project_mentions(script, mentions_hand_split)
+    files = ProjectFiles(script)
+    probe.script_converts_sync_bn = project_mentions_sync_batch_norm(script, files)
+    probe.script_splits_batches = project_mentions(script, mentions_hand_split, files)
     if probe.role == "converted" and probe.world > 1:
-        compared = project_batch_comparison(script)
+        compared = project_batch_comparison(script, files)
         if compared:
             probe.flag("batch_comparison", compared)
     probe.install()
