@@ -75,7 +75,7 @@ class Project:
         parsed is recorded in `problems` and not followed."""
         paths = [Path(entry).resolve() for entry in entries]
         project = cls(paths)
-        boundary = _common_root(paths)
+        boundary = common_root(paths)
         queue: list[Path] = []
         for path in paths:
             project.modules[path] = ProjectModule(path, read(path))
@@ -107,7 +107,7 @@ class Project:
     @property
     def root(self) -> Path:
         """The directory the project lies in (its modules never leave it)."""
-        return _common_root(self.entries)
+        return common_root(self.entries)
 
     def relative(self, path: Path) -> str:
         """`path` as shown to the user: relative to the project's root."""
@@ -251,7 +251,7 @@ def _within(path: Path, boundary: Path) -> bool:
     return True
 
 
-def _common_root(paths: Sequence[Path]) -> Path:
+def common_root(paths: Sequence[Path]) -> Path:
     """The directory the project may not leave: the entries' common directory, widened
     to the nearest enclosing repository or package root within MAX_ROOT_ASCENT levels."""
     common = Path(*_common_parts([p.parent.parts for p in paths])) if paths else Path.cwd()
@@ -504,7 +504,7 @@ class LocalFunctions:
     def _candidates(self, module_name: str) -> list[Path]:
         """The files that may define names of `module_name`, the most specific first."""
         assert self.file is not None
-        boundary = _common_root([self.file])
+        boundary = common_root([self.file])
         if module_name.startswith("."):
             dotted = module_name.lstrip(".")
             level = len(module_name) - len(dotted)
@@ -566,7 +566,7 @@ class LocalFunctions:
     ) -> tuple[_Definition, ImportMap, Path, str] | None:
         """Where the module at `path` imports `name` from, when that is a local module."""
         assert self.file is not None
-        boundary = _common_root([self.file])
+        boundary = common_root([self.file])
         relative = imports.relative.get(name)
         if relative is not None:
             dots = len(relative) - len(relative.lstrip("."))
@@ -607,12 +607,12 @@ _scanned: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
 
 def distributed_importers(path: Path) -> list[tuple[Path, str]]:
     """(path, sha256) of the modules of `path`'s project (its repository or package root,
-    as `_common_root` finds it) that import `path` and run distributed: a helper module's
+    as `common_root` finds it) that import `path` and run distributed: a helper module's
     only evidence that its code runs on every rank. Asked only by a rule that has a
     candidate finding in a helper module; scans at most MAX_SCANNED_FILES files (each
     read once while unchanged); only those that name the module are parsed."""
     path = path.resolve()
-    root = _common_root([path])
+    root = common_root([path])
     stem = path.parent.name if path.name == "__init__.py" else path.stem
     found = []
     for other, text, digest in _files_of(root):
@@ -658,12 +658,12 @@ def _names_in_an_import(stem: str, text: str) -> bool:
 
 
 def _importers_root(path: Path) -> Path:
-    """Where `path`'s importers may be: the repository or package root `_common_root`
+    """Where `path`'s importers may be: the repository or package root `common_root`
     finds, else the folder above `path`'s package (its folders with an `__init__.py`,
     or its own folder). A module is usually imported from there (`main.py` beside
     `data_loading/` imports `data_loading.data_loader`), and a checkout without a marker
     file would otherwise end the search inside the package."""
-    root = _common_root([path])
+    root = common_root([path])
     if root != path.parent:
         return root
     top = path.parent
@@ -719,7 +719,7 @@ def ddp_wrapping_modules(path: Path) -> list[tuple[Path, str]]:
     in code: evidence that a model a helper module receives (a trainer's `self.model`)
     may be a DDP wrapper, when nothing in the helper module says so."""
     path = path.resolve()
-    root = _common_root([path])
+    root = common_root([path])
     return [
         (other, digest)
         for other, text, digest in _files_of(root)
