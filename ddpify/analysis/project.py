@@ -401,6 +401,31 @@ class LocalClass:
 _Definition = cst.FunctionDef | cst.ClassDef | cst.BaseExpression
 
 
+class StampedCache:
+    """What was computed from each file, kept while the file is unchanged (same mtime and
+    size). One entry per path: a new version replaces the old, so a language server whose
+    user saves the same helper all day keeps one copy of it, not one per save."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Path, tuple[tuple[int, int], object]] = {}
+
+    def get(self, path: Path, compute):
+        """compute(path), or the value kept from the last call while `path` is unchanged;
+        None when `path` cannot be stat'ed."""
+        try:
+            info = path.stat()
+        except OSError:
+            self._entries.pop(path, None)
+            return None
+        stamp = (info.st_mtime_ns, info.st_size)
+        kept = self._entries.get(path)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        value = compute(path)
+        self._entries[path] = (stamp, value)
+        return value
+
+
 class LocalFunctions:
     """`utils.save_checkpoint` -> its definition in ./utils.py, for a file being checked.
 
@@ -412,7 +437,7 @@ class LocalFunctions:
     module it names (beside the file, or up to MAX_ROOT_ASCENT directories above, inside
     nothing but local folders). Parsed modules are shared by the whole run."""
 
-    _parsed: dict[tuple[Path, int, int], tuple[cst.Module, ImportMap, str] | None] = {}
+    _parsed = StampedCache()  # parsed modules, shared by the whole run
 
     def __init__(self, filename: str | None) -> None:
         self.file = Path(filename).resolve() if filename else None
@@ -583,14 +608,7 @@ class LocalFunctions:
 
     @classmethod
     def _parse(cls, path: Path) -> tuple[cst.Module, ImportMap, str] | None:
-        try:
-            info = path.stat()
-        except OSError:
-            return None
-        key = (path, info.st_mtime_ns, info.st_size)
-        if key not in cls._parsed:
-            cls._parsed[key] = _parse_module(path)
-        return cls._parsed[key]
+        return cls._parsed.get(path, _parse_module)
 
 
 # -- who imports a helper module -------------------------------------------------------------
@@ -601,8 +619,6 @@ _DISTRIBUTED_WORDS = re.compile(
     r"init_process_group|DistributedDataParallel|DistributedSampler|LOCAL_RANK"
 )
 MAX_SCANNED_FILES = 2000
-# (path, mtime, size) -> (text, digest) if the file looks distributed, else None.
-_scanned: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
 
 
 def distributed_importers(path: Path) -> list[tuple[Path, str]]:
@@ -685,19 +701,13 @@ def _unrelated_files(folder: Path) -> bool:
     return folder.parent == folder or folder.parent.parent == folder.parent or folder == Path.home()
 
 
-# (path, mtime, size) -> (text, digest) of any Python file `importers` read.
-_texts: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
+# (text, digest) of any Python file `importers` read; of those that look distributed
+_texts = StampedCache()
+_scanned = StampedCache()
 
 
 def _read_text(path: Path) -> tuple[str, str] | None:
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    key = (path, info.st_mtime_ns, info.st_size)
-    if key not in _texts:
-        _texts[key] = text_and_digest(path)
-    return _texts[key]
+    return _texts.get(path, text_and_digest)
 
 
 def text_and_digest(path: Path) -> tuple[str, str] | None:
@@ -733,15 +743,9 @@ def _files_of(root: Path) -> list[tuple[Path, str, str]]:
     for index, path in enumerate(_python_files(root)):
         if index >= MAX_SCANNED_FILES:
             break
-        try:
-            info = path.stat()
-        except OSError:
-            continue
-        key = (path, info.st_mtime_ns, info.st_size)
-        if key not in _scanned:
-            _scanned[key] = _scan(path)
-        if _scanned[key] is not None:
-            text, digest = _scanned[key]
+        scanned = _scanned.get(path, _scan)
+        if scanned is not None:
+            text, digest = scanned
             files.append((path.resolve(), text, digest))
     return files
 
