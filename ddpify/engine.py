@@ -370,10 +370,17 @@ def _to_diagnostics(
     """The reports as diagnostics. With `pending`, fixes are not rendered: each fixable
     diagnostic (without its fix) is mapped there to the replacement to render later."""
     out = []
+    # One finding per rule, span and message: a rule that meets the same problem by two
+    # routes (a `set_device` after each of two `init_process_group` branches) says it once.
+    said: set[tuple] = set()
     for report in reports:
         span = renderer.positions[report.node]
         start = Location(span.start.line, span.start.column + 1)
         end = Location(span.end.line, span.end.column + 1)
+        key = (report.rule.CODE, start, end, report.message)
+        if key in said:
+            continue
+        said.add(key)
         fix = None
         if report.fix is not None and pending is None:
             fix = renderer.fix(report.fix)

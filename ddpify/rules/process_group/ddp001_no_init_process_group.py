@@ -7,6 +7,7 @@ import libcst as cst
 
 from ddpify.analysis.guards import exits
 from ddpify.analysis.names import dotted, find_arg, identifiers
+from ddpify.analysis.reachability import enclosing_top_level_function, functions_run_by_module
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.process_group._common import (
@@ -45,6 +46,7 @@ class _Use:
     node: cst.Call
     conditions: list[cst.CSTNode]
     top_level: bool
+    function: cst.FunctionDef | None  # the module-level def it sits in
 
 
 @dataclass
@@ -88,7 +90,14 @@ class _Scan:
             return
         if id(node) in self.use_ids:
             ancestors = self.ancestors
-            self.uses.append(_Use(node, _conditions(ancestors), not in_function(ancestors)))
+            self.uses.append(
+                _Use(
+                    node,
+                    _conditions(ancestors),
+                    not in_function(ancestors),
+                    enclosing_top_level_function(ancestors),
+                )
+            )
         else:
             self.calls.append(node)
 
@@ -152,11 +161,23 @@ class NoInitProcessGroup(Rule):
         if not top_level and not is_entry_script(node, model.functions):
             return  # a library module: the caller initialises
         uses = [use for use in scan.uses if not self._guarded(use)]
+        uses = self._run_here(node, uses)
         if not uses:
             return
         severity, helper = self._severity(scan.calls)
         if severity is not None:
             self._report(uses[0].node, severity, helper)
+
+    @staticmethod
+    def _run_here(module: cst.Module, uses: list[_Use]) -> list[_Use]:
+        """The uses this file's own code may run. One in a function the file never reaches
+        (`get_dataloader(..., distributed)` in a datasets module whose `__main__` block
+        only prints a table) runs when an importing script calls it, after that script
+        set up the group."""
+        if all(use.function is None for use in uses):
+            return uses
+        run = functions_run_by_module(module)
+        return [use for use in uses if use.function is None or use.function.name.value in run]
 
     def _report(self, use: cst.Call, severity: Severity, helper: str | None) -> None:
         callee = self.context.code(use.func)
