@@ -760,3 +760,56 @@ def test_a_file_that_only_mentions_the_module_is_not_an_importer(tmp_path):
     _write(tmp_path / "work" / "seg" / "train.py", "from data import (\n    make,\n)\n")
     found = [path.name for path, _ in importers(helper)]
     assert found == ["train.py"]
+
+
+# -- a process group created by a helper of another module (DDP001) -----------------------
+
+GROUP_HELPERS = """\
+import os
+
+import torch
+
+
+def init():
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    torch.distributed.init_process_group(backend=backend, init_method="env://")
+
+
+def seed_everything(seed):
+    torch.manual_seed(seed + int(os.environ.get("RANK", "0")))
+"""
+
+USES_GROUP = """\
+import torch
+
+from torch_utils import distributed as dist
+
+
+def main():
+    dist.{call}
+    seed = torch.randint(1 << 31, size=[])
+    torch.distributed.broadcast(seed, src=0)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _group_findings(folder: Path, call: str) -> list[str]:
+    (folder / "torch_utils").mkdir()
+    (folder / "torch_utils" / "__init__.py").write_text("")
+    (folder / "torch_utils" / "distributed.py").write_text(GROUP_HELPERS)
+    train = folder / "train.py"
+    train.write_text(USES_GROUP.format(call=call))
+    report = check_paths([str(train)], select_rules(["DDP001"]))
+    return [f"{d.location.row} {d.severity.value} {d.message}" for d in report.diagnostics]
+
+
+def test_a_helper_of_another_module_that_creates_the_group_whatever_its_name(tmp_path):
+    assert _group_findings(tmp_path, "init()") == []
+
+
+def test_a_helper_of_another_module_that_creates_no_group_is_no_excuse(tmp_path):
+    [finding] = _group_findings(tmp_path, "seed_everything(0)")
+    assert finding.startswith("9 error `torch.distributed.broadcast(...)` needs a process group")

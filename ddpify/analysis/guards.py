@@ -344,6 +344,15 @@ def classify(test: cst.BaseExpression) -> tuple[Guard, Scope] | None:
     return None
 
 
+def excludes_rank_zero(test: cst.BaseExpression) -> bool:
+    """Whether `if test:` runs its body only on ranks other than 0, perhaps not on all of
+    them: `rank != 0`, `not is_main`, `not is_leader and num_gpus > 1` (the other side of
+    an `and` can only narrow it)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return excludes_rank_zero(test.left) or excludes_rank_zero(test.right)
+    return _as_scope(_facts(test).orelse) is not None
+
+
 def single_process_only(test: cst.BaseExpression, *, orelse: bool = False) -> bool:
     """Whether `if test:` runs its body (its `else` with `orelse=True`) only when the job
     is not distributed at all: `local_rank == -1 and ...`, `not dist.is_initialized()`."""

@@ -7,6 +7,7 @@ import libcst as cst
 
 from ddpify.analysis.guards import exits
 from ddpify.analysis.names import dotted, find_arg, identifiers
+from ddpify.analysis.project import LocalFunction
 from ddpify.analysis.reachability import enclosing_top_level_function, functions_run_by_module
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
@@ -196,6 +197,8 @@ class NoInitProcessGroup(Rule):
     def _severity(self, calls: list[cst.Call]) -> tuple[Severity | None, str | None]:
         """Error, or info naming a helper that may initialise; None when one surely does."""
         functions = self.context.model.functions
+        if any(self._initialises_elsewhere(call) for call in calls):
+            return None, None
         info_helper = None
         for helper in filter(None, map(self._helper, calls)):
             if helper.setup_named and helper.name not in functions:
@@ -205,6 +208,18 @@ class NoInitProcessGroup(Rule):
         if info_helper is not None:
             return Severity.INFO, info_helper
         return Severity.ERROR, None
+
+    def _initialises_elsewhere(self, call: cst.Call) -> bool:
+        """A helper of a local module whose body creates the group, whatever its name
+        (`dist.init()` with `from torch_utils import distributed as dist`)."""
+        callee = self.context.local_callee(call.func)
+        if not isinstance(callee, LocalFunction):
+            return False
+        qualify = callee.imports.qualify
+        return contains(
+            callee.node.body,
+            lambda node: isinstance(node, cst.Call) and qualify(node.func) in INIT_CALLS,
+        )
 
     def _helper(self, call: cst.Call) -> _HelperCall | None:
         """A call that may create the group out of sight: a set-up helper, or one given ranks."""

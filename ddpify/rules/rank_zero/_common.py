@@ -22,6 +22,7 @@ from ddpify.analysis.guards import (
     Guard,
     Scope,
     classify,
+    excludes_rank_zero,
     rank_zero_scope,
 )
 from ddpify.analysis.model import unwrap_call_chain
@@ -126,16 +127,16 @@ def _is_main_check(test: cst.BaseExpression) -> bool:
 
 
 def non_zero_guarded(ancestors: Sequence[cst.CSTNode]) -> bool:
-    """Whether the last node runs on the ranks other than 0 (`if rank != 0:`, `else:`)."""
+    """Whether the last node runs on the ranks other than 0 (`if rank != 0:`, `else:`,
+    `if not is_leader and num_gpus > 1:`)."""
     for parent, child in zip(ancestors, ancestors[1:]):
-        if isinstance(parent, cst.If):
-            guard = classify(parent.test)
-            if guard is None:
-                continue
-            if (guard[0] is Guard.NON_ZERO and child is parent.body) or (
-                guard[0] is Guard.RANK_ZERO and child is parent.orelse
-            ):
-                return True
+        if not isinstance(parent, cst.If):
+            continue
+        if child is parent.body and excludes_rank_zero(parent.test):
+            return True
+        guard = classify(parent.test)
+        if guard is not None and guard[0] is Guard.RANK_ZERO and child is parent.orelse:
+            return True
     return False
 
 
