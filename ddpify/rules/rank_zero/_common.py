@@ -156,6 +156,7 @@ class Site:
 
     ancestors: Ancestors
     every_rank: bool = False  # the target of mp.spawn / Process: runs in every worker
+    receiver: str | None = None  # `evaluator` of `evaluator.evaluate()`
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,9 @@ class RankZeroFacts:
             if isinstance(call.func, cst.Name):
                 self.sites[call.func.value].append(Site(ancestors))
             elif isinstance(call.func, cst.Attribute):
-                self.method_sites[call.func.attr.value].append(Site(ancestors))
+                receiver = dotted(call.func.value)
+                site = Site(ancestors, receiver=receiver)
+                self.method_sites[call.func.attr.value].append(site)
         spawned = self._spawned_function(call, qualified)
         for arg in call.args:
             if isinstance(arg.value, cst.Name):
@@ -326,7 +329,28 @@ class RankZeroFacts:
             return self.sites.get(name, [])
         if name == "__init__" and isinstance(cls, cst.ClassDef):
             return self.sites.get(cls.name.value, [])
-        return self.method_sites.get(name, [])
+        sites = self.method_sites.get(name, [])
+        if isinstance(cls, cst.ClassDef):
+            sites = [site for site in sites if not self._other_class(site.receiver, cls)]
+        return sites
+
+    def _other_class(self, receiver: str | None, cls: cst.ClassDef) -> bool:
+        """Whether every assignment of `receiver` in the file builds something other than
+        `cls` (`coco_eval = COCOeval(...)`; `coco_eval.evaluate()` is not `cls.evaluate`)."""
+        if receiver is None or receiver in ("self", "cls"):
+            return False
+        values = [
+            binding.value
+            for (_, name), bindings in self.bindings.items()
+            if name == receiver
+            for binding in bindings
+            if not binding.item
+        ]
+        return bool(values) and all(
+            isinstance(value, cst.Call)
+            and (dotted(value.func) or "").rsplit(".", 1)[-1] not in ("", cls.name.value)
+            for value in values
+        )
 
     # -- the DDP wrapper ---------------------------------------------------------------
 
