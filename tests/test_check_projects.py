@@ -83,6 +83,31 @@ def test_a_per_rank_path_in_the_helper_is_quiet(tmp_path):
     assert _findings(_project(tmp_path, body, save=save)) == []
 
 
+def test_a_per_rank_path_assigned_before_the_save_is_quiet(tmp_path):
+    save = '    target = f"{path}.rank{dist.get_rank()}"\n    torch.save(state, target)'
+    body = 'utils.save_checkpoint(model.state_dict(), "a.pt")'
+    assert _findings(_project(tmp_path, body, save=save)) == []
+
+
+def test_a_helper_that_saves_into_a_memory_buffer_is_quiet(tmp_path):
+    # `torch.save` into io.BytesIO to hand an object to a loader that wants a file.
+    save = "    buffer = io.BytesIO()\n    torch.save(state, buffer)\n    return buffer"
+    (tmp_path / "utils.py").write_text("import io\n" + UTILS.format(save=save))
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN.format(body='utils.save_checkpoint(model.state_dict(), "a.pt")'))
+    assert _findings(train) == []
+
+
+def test_a_path_reassigned_to_a_shared_file_is_reported(tmp_path):
+    save = (
+        '    target = f"{path}.rank{dist.get_rank()}"\n'
+        "    target = path\n"
+        "    torch.save(state, target)"
+    )
+    body = 'utils.save_checkpoint(model.state_dict(), "a.pt")'
+    assert len(_findings(_project(tmp_path, body, save=save))) == 1
+
+
 def test_the_helper_module_checked_alone_says_nothing(tmp_path):
     _project(tmp_path, 'utils.save_checkpoint(model.state_dict(), "a.pt")')
     assert _findings(tmp_path / "utils.py") == []

@@ -144,19 +144,32 @@ def _local_message(shown: str) -> str:
 
 
 def saves_on_any_rank(function: cst.FunctionDef, qualify) -> bool:
-    """Whether `function` calls a checkpoint writer outside any rank-0 guard of its own
-    (with a path that is the same on every rank)."""
+    """Whether `function` calls a checkpoint writer outside any rank-0 guard of its own,
+    with a path that is the same on every rank: not a per-rank path (`f"ckpt.rank{rank}"`),
+    not an in-memory buffer (`buffer = io.BytesIO()`), directly or through the name last
+    assigned before the call."""
     ancestors: list[cst.CSTNode] = []
+    assigned: dict[str, cst.BaseExpression] = {}
     found = False
+
+    def same_file_on_every_rank(path: cst.BaseExpression) -> bool:
+        value = assigned.get(path.value, path) if isinstance(path, cst.Name) else path
+        if mentions_rank(path) or mentions_rank(value):
+            return False
+        return not (isinstance(value, cst.Call) and qualify(value.func) in IN_MEMORY)
 
     def enter(node: cst.CSTNode) -> None:
         nonlocal found
         ancestors.append(node)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            target = node.targets[0].target
+            if isinstance(target, cst.Name):
+                assigned[target.value] = node.value
         if found or not isinstance(node, cst.Call) or qualify(node.func) not in SAVE_CALLS:
             return
         keyword, position = SAVE_CALLS[qualify(node.func)]
         path = keyword_arg(node, keyword) or positional_arg(node, position)
-        if path is not None and mentions_rank(path.value):
+        if path is not None and not same_file_on_every_rank(path.value):
             return
         if rank_zero_scope(ancestors) is None:
             found = True
