@@ -838,3 +838,52 @@ def test_a_helper_of_another_module_that_creates_the_group_whatever_its_name(tmp
 def test_a_helper_of_another_module_that_creates_no_group_is_no_excuse(tmp_path):
     [finding] = _group_findings(tmp_path, "seed_everything(0)")
     assert finding.startswith("9 error `torch.distributed.broadcast(...)` needs a process group")
+
+
+# -- a rank-0 test kept in a flag (DDP050) --------------------------------------------------
+
+FLAG_TRAINER = """\
+import torch
+
+
+def train(model, args):
+    for epoch in range(args.epochs):
+        if args.should_save and epoch % 5 == 0:
+            torch.save(model.state_dict(), f"{args.out}/epoch{epoch}.pt")
+"""
+
+FLAG_MAIN = """\
+import torch
+import torch.distributed as dist
+
+from trainer import train
+
+
+def main(args):
+    dist.init_process_group("gloo")
+    args.should_save = {flag}
+    model = torch.nn.Linear(2, 2)
+    train(model, args)
+    if args.should_save:
+        torch.save(model.state_dict(), f"{{args.out}}/last.pt")
+
+
+if __name__ == "__main__":
+    main(parse_args())
+"""
+
+
+def _flag_findings(folder: Path, flag: str) -> list[str]:
+    (folder / "trainer.py").write_text(FLAG_TRAINER)
+    main_file = folder / "main.py"
+    main_file.write_text(FLAG_MAIN.format(flag=flag))
+    return _findings(main_file)
+
+
+def test_a_save_under_a_flag_set_to_a_rank_zero_test_is_quiet(tmp_path):
+    assert _flag_findings(tmp_path, 'args.out != "" and dist.get_rank() == 0') == []
+
+
+def test_a_save_under_a_flag_that_every_rank_sets_is_reported(tmp_path):
+    findings = _flag_findings(tmp_path, 'args.out != ""')
+    assert [f.split(" ")[0] for f in findings] == ["11", "13"]

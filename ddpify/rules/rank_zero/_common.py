@@ -292,7 +292,7 @@ class RankZeroFacts:
         return self._resolve(ancestors, launcher_counts, set())
 
     def _resolve(self, ancestors: Ancestors, launcher_counts: bool, active: set) -> Resolution:
-        scope = rank_zero_scope(ancestors)
+        scope = rank_zero_scope(ancestors) or self._flag_guard_scope(ancestors)
         if scope is not None:
             return Resolution(scope)
         if launcher_counts and self.spawns_workers() and under_main_block(ancestors):
@@ -301,6 +301,34 @@ class RankZeroFacts:
         if function is None:
             return EVERY_RANK
         return self._function(function, ancestors, launcher_counts, active)
+
+    def _flag_guard_scope(self, ancestors: Ancestors) -> Scope | None:
+        """`if args.should_save:` where every assignment of `args.should_save` in the file
+        is a rank-0 test (`... and is_master(args)`): a guard kept in a flag."""
+        for parent, child in zip(ancestors, ancestors[1:]):
+            if not isinstance(parent, cst.If) or child is not parent.body:
+                continue
+            for name in _conjuncts(parent.test):
+                scope = self._flag_scope(name)
+                if scope is not None:
+                    return scope
+        return None
+
+    def is_guard_flag(self, name: str) -> bool:
+        return self._flag_scope(name) is not None
+
+    def _flag_scope(self, name: str) -> Scope | None:
+        values = [
+            binding.value
+            for (_, bound), bindings in self.bindings.items()
+            if bound == name
+            for binding in bindings
+            if not binding.item
+        ]
+        guards = [classify(value) for value in values]
+        if not values or not all(g is not None and g[0] is Guard.RANK_ZERO for g in guards):
+            return None
+        return Scope.LOCAL if any(g[1] is Scope.LOCAL for g in guards) else Scope.GLOBAL
 
     def _function(self, function, ancestors, launcher_counts, active) -> Resolution:
         name = function.name.value
@@ -417,6 +445,27 @@ def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> boo
     """Whether every path reaching `ancestors`' node went through `binding`."""
     shared = {id(a) for a in ancestors}
     return binding.conditions() <= shared and not isinstance(binding.value, cst.IfExp)
+
+
+def under_flag(ancestors: Sequence[cst.CSTNode], is_guard_flag) -> bool:
+    """Whether the last node sits in the body of an `if` that requires a guard flag."""
+    return any(
+        isinstance(parent, cst.If)
+        and child is parent.body
+        and any(is_guard_flag(name) for name in _conjuncts(parent.test))
+        for parent, child in zip(ancestors, ancestors[1:])
+    )
+
+
+def _conjuncts(test: cst.BaseExpression) -> Iterator[str]:
+    """The names and attributes `test` requires: `a and b.c and f(x)` -> a, b.c."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        yield from _conjuncts(test.left)
+        yield from _conjuncts(test.right)
+        return
+    name = dotted(test)
+    if name is not None:
+        yield name
 
 
 def _weakest(results: Iterable[Resolution], helper: str) -> Resolution:
