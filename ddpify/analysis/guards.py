@@ -50,7 +50,7 @@ class _Single(enum.Enum):
 _Implied = Optional[Union[Scope, _Single]]
 
 _PREDICATE = re.compile(
-    r"^(is_)?(local_|global_)?(main|master|primary|chief|leader|rank_?0|rank_zero|zero)"
+    r"^(is_)?(local_|global_)?(main|master|primary|chief|leader|root|rank_?0|rank_zero|zero)"
     r"(_process|_proc|_rank|_node|_worker|_gpu)?(_only)?$"
 )
 _PROCESS_ZERO = re.compile(r"^is_(world|local)_process_zero$")
