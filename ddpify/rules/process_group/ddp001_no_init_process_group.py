@@ -47,7 +47,10 @@ class _Use:
     node: cst.Call
     conditions: list[cst.CSTNode]
     top_level: bool
-    function: cst.FunctionDef | None  # the module-level def it sits in
+    function: cst.FunctionDef | cst.ClassDef | None  # the module-level def or class it sits in
+    # In a `test_*` function or method: the test harness creates the group (a
+    # distributed test case's setUp, a pytest fixture).
+    in_test: bool
 
 
 @dataclass
@@ -97,6 +100,7 @@ class _Scan:
                     _conditions(ancestors),
                     not in_function(ancestors),
                     enclosing_top_level_function(ancestors),
+                    _in_test(ancestors),
                 )
             )
         else:
@@ -104,6 +108,13 @@ class _Scan:
 
     def leave(self, node: cst.CSTNode) -> None:
         self.ancestors.pop()
+
+
+def _in_test(ancestors: list[cst.CSTNode]) -> bool:
+    return any(
+        isinstance(node, cst.FunctionDef) and node.name.value.startswith("test")
+        for node in ancestors
+    )
 
 
 def _samples_explicitly(call: cst.Call) -> bool:
@@ -161,7 +172,7 @@ class NoInitProcessGroup(Rule):
         top_level = any(use.top_level for use in scan.uses)
         if not top_level and not is_entry_script(node, model.functions):
             return  # a library module: the caller initialises
-        uses = [use for use in scan.uses if not self._guarded(use)]
+        uses = [use for use in scan.uses if not self._guarded(use) and not use.in_test]
         uses = self._run_here(node, uses)
         if not uses:
             return
@@ -171,10 +182,10 @@ class NoInitProcessGroup(Rule):
 
     @staticmethod
     def _run_here(module: cst.Module, uses: list[_Use]) -> list[_Use]:
-        """The uses this file's own code may run. One in a function the file never reaches
-        (`get_dataloader(..., distributed)` in a datasets module whose `__main__` block
-        only prints a table) runs when an importing script calls it, after that script
-        set up the group."""
+        """The uses this file's own code may run. One in a function or class the file never
+        reaches (`get_dataloader(..., distributed)` in a datasets module whose `__main__`
+        block only prints a table; a test class a test runner finds) runs when other code
+        calls it, after that code set up the group."""
         if all(use.function is None for use in uses):
             return uses
         run = functions_run_by_module(module)
