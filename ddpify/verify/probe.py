@@ -31,6 +31,9 @@ What it does to the run (the same in both runs unless said otherwise):
 - the original's learning rate is multiplied by the migration's LR scale for each step;
 - records initial weights, gradients before every optimizer step, and weights after K steps,
   then stops the script with SystemExit(0) on every rank (all ranks reach step K together);
+- role "reference" (the original under torchrun, as its own DDP; see probe_reference.py):
+  each rank gets the converted rank's share of the data and batch size, draws as it does,
+  averages the gradients over the ranks, and keeps its own BatchNorm statistics;
 - notes what makes a comparison inconclusive or explains a difference: sum-reduced losses,
   random numbers drawn by the data pipeline or the loop outside the draws above, autocast,
   BatchNorm with per-rank statistics, clip_grad_norm_ on gradients a GradScaler still scales.
