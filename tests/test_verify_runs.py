@@ -238,32 +238,37 @@ def test_own_planted_bug_fails(case, converted, says, device_env, batched):
 # Conversions that compute, by design, what no single process computes: compared with the
 # one-process original they are inconclusive (the reason it names), so verify compares them
 # with the original run as DDP (the per-rank reference), and says so.
-# (case, converted script, the one-process reason, what differs by design)
+# (case, converted script, the one-process reason, what differs by design, a note it carries)
 PER_RANK_MATCHES = [
     (
         "cnn_bn",
         "converted_local_bn.py",
         "BatchNorm without SyncBatchNorm",
         "BatchNorm statistics are per process",
+        "by design, as in the per-rank reference: BatchNorm statistics are per process",
     ),
     (
         "contrastive",
         "converted.py",
         "samples of a batch compared with each other",
-        "each process compares only its own samples of the batch (`features @ features.T",
+        "each process compares only its own samples of the batch (`features @ features.T "
+        "(converted.py:84)`)",
+        # the conversion's SyncBatchNorm (emulated on CPU): the reference sums them too
+        "the per-rank reference summed BatchNorm statistics over its processes",
     ),
     (
         "antithetic",
         "converted.py",
         "random draws could not be aligned",
         "random draw 1 (randint) is sized by the per-process batch: (9,) on each process",
+        "3 random draw(s) in the training loop",
     ),
 ]
 
 
 @in_batch
-@pytest.mark.parametrize(("case", "converted", "reason", "cause"), PER_RANK_MATCHES)
-def test_conversion_matches_the_original_run_as_ddp(case, converted, reason, cause, batched):
+@pytest.mark.parametrize(("case", "converted", "reason", "cause", "note"), PER_RANK_MATCHES)
+def test_conversion_matches_the_original_run_as_ddp(case, converted, reason, cause, note, batched):
     result = batched("cpu")[f"{case}/{converted}"]
     assert (result.exit_code, result.verdict) == (0, "match"), result.message
     assert result.reference == "per-rank"
@@ -276,7 +281,8 @@ def test_conversion_matches_the_original_run_as_ddp(case, converted, reason, cau
     assert f"inconclusive: the runs differ, but the comparison cannot be trusted: {reason}" in (
         one_process
     )
-    assert any("built the same initial weights" in note for note in result.notes)
+    assert any("built the same initial weights" in n for n in result.notes)
+    assert any(note in n for n in result.notes), result.notes
 
 
 # Planted bugs in those conversions: still a mismatch. The one-process comparison names the

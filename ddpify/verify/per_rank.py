@@ -54,6 +54,11 @@ def check_shares(references: list[dict], converted: list[dict], result: Comparis
             "the per-rank reference's processes built the same initial weights (checked "
             "against rank 0's at the first gradient averaging)"
         )
+    if any(r["flags"].get("sync_bn") for r in references):
+        result.notes.append(
+            "the per-rank reference summed BatchNorm statistics over its processes "
+            "(SyncBatchNorm's math), as the converted run did"
+        )
     for rank, (mine, theirs) in enumerate(zip(references, converted)):
         ours = {(s["optimizer"], s["step"]): s.get("data") for s in mine["steps"]}
         for step in theirs["steps"]:

@@ -722,10 +722,14 @@ class Probe:
 
         SyncBatchNorm.forward = sync_forward
 
-    def sync_batch_norm(self, input) -> bool:
-        """Whether this batch-statistics BatchNorm call all-reduces its statistics."""
+    def sync_batch_norm(self, input):
+        """Whether this batch-statistics BatchNorm call all-reduces its statistics (True, or
+        in the per-rank reference the function that sums over its processes)."""
         dist = self.torch.distributed
         if self.role == "reference" and self.world > 1:
+            if self.config.get("converted_sync_bn"):  # the conversion's SyncBatchNorm, too
+                self.flag("sync_bn", "as the conversion")
+                return self.reference.summed
             self.flag("local_bn")  # each reference process normalises its own share
             return False
         if self.role != "converted" or not (dist.is_available() and dist.is_initialized()):
@@ -894,6 +898,9 @@ class Probe:
                 for loader in self.loaders
             ],
             "first_lrs": [first_lrs.get(i, []) for i in range(len(self.optimizers))],
+            # how BatchNorm ran, which the per-rank reference repeats
+            "sync_bn": self.record["flags"].get("sync_bn"),
+            "local_bn": self.record["flags"].get("local_bn"),
         }
 
 
@@ -1153,17 +1160,23 @@ def batch_norm_options(args, kwargs) -> tuple[bool, float, float]:
 
 def python_batch_norm(torch, input, running_mean, running_var, weight, bias, momentum, eps, sync):
     """Batch normalisation with batch statistics, optionally summed over all ranks (autograd
-    through the all-reduce: SyncBatchNorm's math). Two passes, mean then variance."""
+    through the all-reduce: SyncBatchNorm's math). Two passes, mean then variance. `sync` is
+    False, True (over the default group) or a function summing a tensor over the ranks with
+    autograd (the per-rank reference's own group)."""
     from torch.distributed.nn.functional import all_reduce
 
     def total(tensor):
+        if callable(sync):
+            return sync(tensor)
         return all_reduce(tensor) if sync else tensor
 
     x = input if input.dtype == torch.float64 else input.float()  # float64 stays exact
     dims = [0, *range(2, x.dim())]
     shape = [1, x.size(1)] + [1] * (x.dim() - 2)
     count = torch.tensor([x.numel() / x.size(1)], dtype=torch.float64, device=x.device)
-    if sync:
+    if callable(sync):
+        count = sync(count)
+    elif sync:
         torch.distributed.all_reduce(count)
     n = float(count.item())
     mean = total(x.sum(dims)) / n

@@ -15,7 +15,8 @@ same N processes, and the probe (not the migration) gives it DDP's semantics:
   the first averaging and each rank checks its own were equal (flag `reference_weights`
   when not: then the reference is not DDP's start and the comparison says so);
 - random draws are made as the converted rank makes them (probe.RandomDraws, whole then this
-  rank's part), BatchNorm keeps each process's statistics.
+  rank's part); BatchNorm keeps each process's statistics, or sums them over the processes
+  (SyncBatchNorm's math) where the converted run did.
 
 The script sees a plain single process: torchrun's variables are taken out of its
 environment, and the processes meet on a gloo group of the probe's own (not the default
@@ -99,6 +100,28 @@ class ReferenceRank:
             shuffle=bool(theirs.get("shuffle")),
             drop_last=bool(theirs.get("drop_last")),
         )
+
+    # -- BatchNorm -------------------------------------------------------------------------
+
+    def summed(self, tensor):
+        """`tensor` summed over the processes, with autograd (the backward sums the gradients
+        too): what SyncBatchNorm does to its statistics, where the conversion has it."""
+        group = self.group
+
+        class SumOverRanks(self.torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, value):
+                total = value.clone()
+                group.allreduce([total]).wait()
+                return total
+
+            @staticmethod
+            def backward(ctx, grad):
+                total = grad.clone()
+                group.allreduce([total]).wait()
+                return total
+
+        return SumOverRanks.apply(tensor)
 
     # -- gradients -------------------------------------------------------------------------
 

@@ -220,13 +220,21 @@ class Session:
         """The per-rank reference's settings: the original's, and how the conversion's
         DataLoaders deal out their samples (per_rank.py, probe_reference.py)."""
         config = self.original_config(original, converted0, nproc, steps, batch_policy, lr_scale)
-        return {**config, "role": "reference", "converted_loaders": converted0.get("loaders")}
+        synced = bool(converted0.get("sync_bn")) and not converted0.get("local_bn")
+        return {
+            **config,
+            "role": "reference",
+            "converted_loaders": converted0.get("loaders"),
+            "converted_sync_bn": synced,
+        }
 
     def run_reference(self, script: Path, config: dict, nproc: int) -> None:
         self.reference_records(self.launch("reference", script, config, nproc), nproc)
 
     def reference_records(self, outcome: RunOutcome, nproc: int) -> None:
+        noted = len(self.result.notes)
         self.records("reference", outcome, nproc, self.result.settings["steps"])
+        self.run_notes.extend(self.result.notes[noted:])  # about the run: they carry over
 
     def wants_reference(self, nproc: int) -> bool:
         """Whether the one-process comparison was inconclusive only for reasons the per-rank
