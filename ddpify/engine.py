@@ -18,6 +18,7 @@ from ddpify.analysis.guards import Scope, judging_calls_with, rank_zero_scope, r
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
+from ddpify.analysis.tree import Tree
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
@@ -48,6 +49,17 @@ class Context:
         self.local = LocalFunctions(filename)
         self._judged: dict[int, Scope | None] = {}
         self._functions: dict[str, cst.FunctionDef] | None = None
+        self._tree: Tree | None = None
+
+    @property
+    def tree(self) -> Tree:
+        """The file as `ddpify/analysis/` reads it for migrate too (roles, epochs, ...):
+        a rule asks the one analysis over it instead of re-deriving a fact. Built on the
+        first question (a second walk of the file), so a file no rule asks about, and
+        every file the rules' cheap tests dismiss, pays nothing for it."""
+        if self._tree is None:
+            self._tree = Tree(self.module)
+        return self._tree
 
     def local_function(self, qualified: str) -> LocalFunction | None:
         """The definition of an imported helper (`utils.save_checkpoint`) in a local module

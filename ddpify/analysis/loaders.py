@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from ddpify.analysis.epochs import is_epoch_loop
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import ImportMap, dotted, find_arg
@@ -190,35 +191,6 @@ class PassedNames:
     call: cst.Call
     callee: str | None
     arguments: tuple[str, ...]
-
-
-def is_epoch_loop(node: cst.CSTNode) -> bool:
-    """`for epoch in ...`, `for _ in range(args.epochs)`, `while epoch < max_epochs`, and
-    a loop that runs one epoch per turn through a helper: `while True: self._train_epoch()`."""
-    if isinstance(node, cst.For):
-        names = names_in(node.target) + names_in(node.iter)
-    elif isinstance(node, cst.While):
-        names = names_in(node.test)
-    else:
-        return False
-    return any("epoch" in name.lower() for name in names) or _runs_epoch_helper(node)
-
-
-_EPOCH_RUNNER = re.compile(r"(train|run|fit)\w*_epoch$")
-
-
-def _runs_epoch_helper(loop: cst.For | cst.While) -> bool:
-    """A statement of the loop's own body calls `train_epoch()`, `self._run_epoch()`, ..."""
-    for statement in loop.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            value = getattr(small, "value", None)
-            if isinstance(value, cst.Call):
-                name = dotted(value.func)
-                if name and _EPOCH_RUNNER.search(name.rsplit(".", 1)[-1].lower()):
-                    return True
-    return False
 
 
 def _assigned_name(ancestors: Sequence[cst.CSTNode]) -> str | None:

@@ -13,6 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.batch_coupling import batch_comparisons
 from ddpify.analysis.endless import pass_restarts
+from ddpify.analysis.epochs import epoch_loops
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
@@ -492,10 +493,10 @@ def _scale_lr(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -> None:
 
 
 def _epoch_loops(tree: Tree) -> list[cst.For]:
-    loops = []
-    for loop in tree.find(cst.For):
-        names = {n.lower() for n in names_in(loop.target) | names_in(loop.iter)}
-        if any("epoch" in n for n in names) and not any(tree.inside(loop, o) for o in loops):
+    """The outermost `for` loops over epochs (analysis/epochs.py decides which are)."""
+    loops: list[cst.For] = []
+    for loop in epoch_loops(tree):
+        if isinstance(loop, cst.For) and not any(tree.inside(loop, o) for o in loops):
             loops.append(loop)
     return loops
 
