@@ -74,12 +74,25 @@ def project_optimizer_calls(tree: Tree) -> list[cst.Call]:
     return _optimizer_calls(tree.view)
 
 
-def _optimizer_calls(view) -> list[cst.Call]:
-    def is_optimizer(call: cst.Call) -> bool:
-        name = view.qualify(call.func) or ""
-        return name.startswith("torch.optim.") and ".lr_scheduler." not in name
+# Public names under torch.optim that are no optimizer: the base class, schedulers, SWA.
+_NOT_OPTIMIZERS = {"Optimizer"}
+_NOT_OPTIMIZER_MODULES = {"lr_scheduler", "swa_utils"}
 
-    return view.find(cst.Call, is_optimizer)
+
+def is_optimizer(qualified: str | None) -> bool:
+    """`torch.optim.SGD`, `torch.optim.adamw.AdamW`: a torch optimizer class; not an LR
+    scheduler (`torch.optim.lr_scheduler.StepLR`), nor SWA's `AveragedModel` / `SWALR`,
+    nor the `Optimizer` base class."""
+    if qualified is None or not qualified.startswith("torch.optim."):
+        return False
+    parts = qualified.split(".")
+    if len(parts) > 4 or set(parts) & _NOT_OPTIMIZER_MODULES:
+        return False
+    return parts[-1][:1].isupper() and parts[-1] not in _NOT_OPTIMIZERS
+
+
+def _optimizer_calls(view) -> list[cst.Call]:
+    return view.find(cst.Call, lambda call: is_optimizer(view.qualify(call.func)))
 
 
 def bound_target(tree: Tree, call: cst.Call) -> str | None:

@@ -62,7 +62,8 @@ LR_RULES = {
     "linear": ("linear LR scaling (Goyal et al. 2017)", "{lr} * WORLD_SIZE"),
     "sqrt": ("square-root LR scaling (Malladi et al. 2022)", "{lr} * WORLD_SIZE**0.5"),
 }
-ABSOLUTE_LR_SCHEDULERS = ("OneCycleLR", "CyclicLR")
+# Schedulers that set the learning rate to a value of their own, and its argument.
+ABSOLUTE_LR_SCHEDULERS = {"OneCycleLR": "max_lr", "CyclicLR": "max_lr", "SWALR": "swa_lr"}
 GLOBAL_NOTE = "# ddpify: batch policy global: batch_size // WORLD_SIZE per process, LR unchanged"
 
 
@@ -414,10 +415,11 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
         _scale_hand_set_lr(tree, plan, edits)
     for call in tree.find(cst.Call):
         name = tree.qualify(call.func) or ""
-        if name.rsplit(".", 1)[-1] in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
+        short = name.rsplit(".", 1)[-1]
+        if short in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
             plan.needs_human(
-                f"{name.rsplit('.', 1)[-1]} sets the learning rate itself; scale its max_lr "
-                "like the optimizer's",
+                f"{short} sets the learning rate itself; scale its "
+                f"{ABSOLUTE_LR_SCHEDULERS[short]} like the optimizer's",
                 tree.code(tree.statement(call)),
             )
 

@@ -1,0 +1,74 @@
+"""The roles analysis as both consumers read it: the rules (through `Context.tree`) and
+the migration passes ask the same functions, so one answer serves both."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from ddpify.analysis.roles import is_optimizer, optimizer_names
+from ddpify.analysis.tree import Tree
+from ddpify.migrate import Options, migrate_source
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["torch.optim.SGD", "torch.optim.AdamW", "torch.optim.adamw.AdamW", "torch.optim.LBFGS"],
+)
+def test_torch_optimizers_are_optimizers(name):
+    assert is_optimizer(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torch.optim.lr_scheduler.StepLR",
+        "torch.optim.swa_utils.AveragedModel",
+        "torch.optim.swa_utils.SWALR",
+        "torch.optim.Optimizer",
+        "torch.nn.Linear",
+        None,
+    ],
+)
+def test_schedulers_swa_helpers_and_the_base_class_are_not(name):
+    assert not is_optimizer(name)
+
+
+SWA = """\
+import torch
+import torch.nn as nn
+from torch.optim.swa_utils import SWALR, AveragedModel
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    swa_model = AveragedModel(model)
+    swa_scheduler = SWALR(optimizer, 0.05)
+    for epoch in range(3):
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        swa_model.update_parameters(model)
+        swa_scheduler.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_averaged_model_is_no_optimizer():
+    assert optimizer_names(Tree(cst.parse_module(SWA))) == {"optimizer"}
+
+
+def test_migrate_asks_to_scale_the_swa_learning_rate_like_the_optimizers():
+    result = migrate_source(SWA, "train.py", Options())
+    notes = [item.why for item in result.needs_human]
+    assert any("SWALR sets the learning rate itself; scale its swa_lr" in n for n in notes)
+    assert not any("AveragedModel" in n for n in notes)
+    assert "lr=0.1 * WORLD_SIZE" in result.output
