@@ -29,8 +29,8 @@ DATA_PARALLEL = "torch.nn.parallel.DataParallel"
 DATA_LOADER = "torch.utils.data.DataLoader"
 DIST_SAMPLER = "torch.utils.data.DistributedSampler"
 ITERABLE_DATASET = "torch.utils.data.IterableDataset"
-# Wrappers around the loader in `for batch in tqdm(enumerate(loader))`.
-ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
+# Wrappers around the loader in `for batch in tqdm(enumerate(loader))` (`track`: rich's).
+ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar", "track"}
 _SCHEDULER_OR_OPTIMIZER = re.compile(r"sched|optim", re.I)
 # Training loops: `for` over batches or epochs, `while step < max_iters` step loops.
 LOOPS = (cst.For, cst.While)
@@ -924,14 +924,19 @@ def _is_iterable_base(view, base: cst.BaseExpression, known: set[str]) -> bool:
 
 
 def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:
-    """Name -> the values assigned to it (`x = value`, and `with value as x`)."""
+    """Name -> the values assigned to it (`x = value`, and `with value as x`), in any
+    module of the view: made once per view (a rule asks it for every loop of a file)."""
+    return view_cached(tree.view, "bindings", lambda: _find_bindings(tree.view))
+
+
+def _find_bindings(view) -> dict[str, list[cst.BaseExpression]]:
     found: dict[str, list[cst.BaseExpression]] = {}
-    for assign in tree.view.find(cst.Assign):
+    for assign in view.find(cst.Assign):
         for target in assign.targets:
             name = dotted(target.target)
             if name:
                 found.setdefault(name, []).append(assign.value)
-    for item in tree.view.find(cst.WithItem):
+    for item in view.find(cst.WithItem):
         name = dotted(item.asname.name) if item.asname is not None else None
         if name:
             found.setdefault(name, []).append(item.item)

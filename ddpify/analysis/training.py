@@ -18,6 +18,8 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import iterated_name
+from ddpify.analysis.tree import Tree
 from ddpify.analysis.values import mentions_world_size, per_process_source
 from ddpify.walk import children, walk
 
@@ -478,10 +480,13 @@ def collect_loops(module: cst.Module) -> LoopFacts:
     return facts
 
 
-def iterated_names(loop: cst.For) -> set[str]:
-    """What a `for` loop iterates: `loader` of `enumerate(tqdm(loader))`."""
-    return names_of(loop.iter)
-
-
-def loop_over(loop: cst.CSTNode, loaders: set[str]) -> bool:
-    return isinstance(loop, cst.For) and bool(iterated_names(loop) & loaders)
+def iterated_names(loop: cst.For, tree: Tree) -> set[str]:
+    """What a `for` loop iterates: every name of its iterable as written (`loader` of
+    `enumerate(tqdm(loader))`, both of `zip(a, b)`), and what a progress bar kept in a
+    variable wraps (`pbar = tqdm(val_loader)`; `for x in pbar`), as the roles analysis
+    that migrate reads resolves it (`roles.iterated_name`)."""
+    found = names_of(loop.iter)
+    through = iterated_name(loop, tree)
+    if through is not None:
+        found.add(through)
+    return found
