@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from ddpify.analysis.roles import is_optimizer, optimizer_names
+from ddpify.analysis.roles import backward_units, is_optimizer, optimizer_names, training_loops
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import Options, migrate_source
 
@@ -72,3 +72,29 @@ def test_migrate_asks_to_scale_the_swa_learning_rate_like_the_optimizers():
     assert any("SWALR sets the learning rate itself; scale its swa_lr" in n for n in notes)
     assert not any("AveragedModel" in n for n in notes)
     assert "lr=0.1 * WORLD_SIZE" in result.output
+
+
+STEP_HELPER = """\
+def train_step(model, x, y):
+    loss = model(x).sub(y).pow(2).mean()
+    loss.backward()
+
+
+for x, y in loader:
+    train_step(model, x, y)
+    optimizer.step()
+
+while step < max_steps:
+    for micro in range(accum):
+        model(next(batches)).mean().backward()
+    step += 1
+"""
+
+
+def test_backward_units_are_the_innermost_body_and_training_loops_follow_helpers():
+    module = cst.parse_module(STEP_HELPER)
+    tree = Tree(module)
+    heads = [module.code_for_node(unit).lstrip().splitlines()[0] for unit in backward_units(tree)]
+    assert heads == ["def train_step(model, x, y):", "for micro in range(accum):"]
+    loops = [module.code_for_node(loop).lstrip().splitlines()[0] for loop in training_loops(tree)]
+    assert loops == ["for micro in range(accum):", "for x, y in loader:"]

@@ -299,14 +299,37 @@ def _training_loops(view) -> list[cst.For | cst.While]:
     return view_cached(view, "training_loops", lambda: _find_training_loops(view))
 
 
+def backward_units(tree: Tree) -> list[cst.For | cst.While | cst.FunctionDef]:
+    """The innermost loop or function around each backward call of this module, once
+    each, in the order of the calls: the body that runs one training step (a loop body,
+    or a `train_step` function called once per micro-step)."""
+    view = tree.view
+    units = view_cached(view, "backward_units", lambda: _find_backward_units(view))
+    return [unit for unit in units if tree.owns(unit)]
+
+
+def _find_backward_units(view) -> list[cst.For | cst.While | cst.FunctionDef]:
+    found: list[cst.For | cst.While | cst.FunctionDef] = []
+    for call in _backward_calls(view):
+        unit = _innermost_unit(view, call)
+        if unit is not None and all(unit is not known for known in found):
+            found.append(unit)
+    return found
+
+
+def _innermost_unit(view, node: cst.CSTNode) -> cst.For | cst.While | cst.FunctionDef | None:
+    current = view.parent.get(node)
+    while current is not None and not isinstance(current, (*LOOPS, cst.FunctionDef)):
+        current = view.parent.get(current)
+    return current
+
+
 def _find_training_loops(view) -> list[cst.For | cst.While]:
     loops: list[cst.For | cst.While] = []
     pending = [(call, 0) for call in _backward_calls(view)]
     while pending:
         node, depth = pending.pop(0)
-        current = view.parent.get(node)
-        while current is not None and not isinstance(current, (*LOOPS, cst.FunctionDef)):
-            current = view.parent.get(current)
+        current = _innermost_unit(view, node)
         if isinstance(current, cst.While):
             current = _loop_over_data(view, current)
         if isinstance(current, LOOPS):

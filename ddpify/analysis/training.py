@@ -18,7 +18,7 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.roles import iterated_name
+from ddpify.analysis.roles import backward_units, iterated_name
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.values import mentions_world_size, per_process_source
 from ddpify.walk import children, walk
@@ -415,7 +415,6 @@ class LoopFacts:
     exits: list[Located] = field(default_factory=list)  # break, return, sys.exit()
     # Mentions of `no_sync` / `require_backward_grad_sync`.
     no_sync: list[Located] = field(default_factory=list)
-    backwards: list[Located] = field(default_factory=list)  # `<x>.backward(...)` calls
     _last: cst.CSTNode | None = None
 
     def visit(self, node: cst.CSTNode, ancestors: Sequence[cst.CSTNode]) -> None:
@@ -428,26 +427,18 @@ class LoopFacts:
         elif isinstance(node, cst.FunctionDef):
             self.functions.append(Located(node, tuple(ancestors)))
         elif isinstance(node, cst.Call):
-            if method_name(node) == "backward":
-                self.backwards.append(Located(node, tuple(ancestors)))
-            elif is_exit_call(node):
+            if is_exit_call(node):
                 self.exits.append(Located(node, tuple(ancestors)))
         elif isinstance(node, (cst.Break, cst.Return)):
             self.exits.append(Located(node, tuple(ancestors)))
         elif isinstance(node, cst.Attribute) and node.attr.value in _NO_SYNC:
             self.no_sync.append(Located(node, tuple(ancestors)))
 
-    def units_with_backward(self) -> list[Located]:
-        """The innermost loop or function around each backward call, once each."""
+    def units_with_backward(self, tree: Tree) -> list[Located]:
+        """The innermost loop or function around each backward call, once each, as the
+        roles analysis finds them (`roles.backward_units`), with their ancestry."""
         units = {id(u.node): u for u in (*self.loops, *self.functions)}
-        found: dict[int, Located] = {}
-        for backward in self.backwards:
-            for node in reversed(backward.ancestors[:-1]):
-                if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
-                    if id(node) in units:
-                        found.setdefault(id(node), units[id(node)])
-                    break
-        return list(found.values())
+        return [units[id(unit)] for unit in backward_units(tree) if id(unit) in units]
 
     def no_sync_near(self, loop: Located) -> bool:
         """Whether `no_sync` is mentioned in the loop's class (for a method), its function,
