@@ -98,3 +98,26 @@ def test_backward_units_are_the_innermost_body_and_training_loops_follow_helpers
     assert heads == ["def train_step(model, x, y):", "for micro in range(accum):"]
     loops = [module.code_for_node(loop).lstrip().splitlines()[0] for loop in training_loops(tree)]
     assert loops == ["for micro in range(accum):", "for x, y in loader:"]
+
+
+def test_the_rules_tree_is_the_tree_migrate_reads():
+    """`Context.tree`, made from the engine's walk, holds what `Tree(module)` holds."""
+    from ddpify.engine import run_rules
+    from ddpify.rules.base import Rule
+
+    seen = []
+
+    class Probe(Rule):
+        CODE, NAME = "DDP999", "probe"
+
+        def leave_Module(self, node: cst.Module) -> None:
+            seen.append(self.context.tree)
+
+    module = cst.parse_module(STEP_HELPER + SWA)
+    run_rules(module, [Probe])
+    fresh = Tree(module)
+    assert seen[0].nodes == fresh.nodes
+    assert seen[0].parent == fresh.parent
+    assert seen[0].imports.aliases == fresh.imports.aliases
+    assert seen[0].find(cst.Call) == fresh.find(cst.Call)
+    assert backward_units(seen[0]) == backward_units(fresh)

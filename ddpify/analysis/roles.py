@@ -305,6 +305,8 @@ def backward_units(tree: Tree) -> list[cst.For | cst.While | cst.FunctionDef]:
     or a `train_step` function called once per micro-step)."""
     view = tree.view
     units = view_cached(view, "backward_units", lambda: _find_backward_units(view))
+    if view is tree:  # one module: all its own (no `order` map built to say so)
+        return list(units)
     return [unit for unit in units if tree.owns(unit)]
 
 

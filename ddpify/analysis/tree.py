@@ -45,6 +45,39 @@ class Tree:
         self.view: Tree | ProjectView = self
         self._collect(module, previous._segment_of if previous is not None else {})
 
+    @classmethod
+    def from_walk(cls, module: cst.Module, parents: dict[cst.CSTNode, cst.CSTNode]) -> Tree:
+        """The Tree of a walk already made: `parents` holds each node below the module
+        with its parent, in the pre-order of `ddpify.walk` (the lint engine's one
+        traversal records it), so the rules' questions cost no second walk."""
+        tree = cls.__new__(cls)
+        tree.module = module
+        tree._text = None
+        tree._by_kind = {}
+        tree._order = None
+        tree._nodes = None
+        tree._call_names = None
+        tree.imports = ImportMap()
+        tree.view = tree
+        tree._segment_of = {}
+        tree._segments = []
+        segment = None
+        for node, parent in parents.items():
+            if parent is module:
+                segment = _Segment.empty(node)
+                tree._segment_of[node] = segment
+                tree._segments.append(segment)
+            else:
+                segment.inner.append(node)  # type: ignore[union-attr]
+                segment.parents.append(parent)  # type: ignore[union-attr]
+                if type(node) in _IMPORTS:
+                    segment.imports.append(node)  # type: ignore[union-attr]
+        for segment in tree._segments:
+            for node in segment.imports:
+                tree.imports.add(node)
+        tree.parent = dict(parents)
+        return tree
+
     def _collect(self, module: cst.Module, known: dict[cst.CSTNode, _Segment]) -> None:
         self._segment_of: dict[cst.CSTNode, _Segment] = {}
         self._segments: list[_Segment] = []
@@ -230,6 +263,16 @@ class _Segment:
             if type(node) in _IMPORTS:
                 self.imports.append(node)
             stack.extend((child, node) for child in reversed(list(children(node))))
+
+    @classmethod
+    def empty(cls, statement: cst.CSTNode) -> _Segment:
+        """A segment whose nodes the caller fills in, from a walk already made."""
+        segment = cls.__new__(cls)
+        segment.statement = statement
+        segment.inner, segment.parents = [], []
+        segment.imports = [statement] if type(statement) in _IMPORTS else []
+        segment._types, segment._kinds, segment._calls = None, {}, None
+        return segment
 
     def of_kind(self, kind: type) -> list:
         found = self._kinds.get(kind)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.loaders import LoaderCall, SamplerCall
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
@@ -44,7 +45,7 @@ class EvalPaddingDuplicates(LoaderRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.rank_zero_uses: list[_Use] = []
-        self.rank_zero_bars: list[cst.For] = []
+        self.bars: list[tuple[cst.For, tuple[cst.CSTNode, ...]]] = []
 
     def visit_For(self, node: cst.For) -> None:
         if self.feeds:
@@ -55,10 +56,10 @@ class EvalPaddingDuplicates(LoaderRule):
         if _loader_like(name):
             if self.context.rank_zero_scope():
                 self.rank_zero_uses.append(_Use(name, node.iter))
-        elif "." not in name and self.context.rank_zero_scope():
+        elif "." not in name:
             # `for x in pbar`: what the bar wraps is asked of the tree in leave_Module,
-            # so only a file with such a loop on rank 0 builds it.
-            self.rank_zero_bars.append(node)
+            # and only then whether the loop runs on rank 0 only.
+            self.bars.append((node, tuple(self.context.ancestors)))
 
     def visit_Call(self, node: cst.Call) -> None:
         if self.feeds:
@@ -75,9 +76,9 @@ class EvalPaddingDuplicates(LoaderRule):
         model = self.context.model
         if model.framework is not None or not is_distributed(model):
             return
-        for loop in self.rank_zero_bars:
+        for loop, ancestors in self.bars:
             name = iterated_name(loop, self.context.tree)
-            if name is not None and _loader_like(name):
+            if name is not None and _loader_like(name) and rank_zero_scope(ancestors):
                 self.rank_zero_uses.append(_Use(name, loop.iter))
         reported = self._rank_zero_shards()
         trims = None
