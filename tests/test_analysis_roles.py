@@ -6,7 +6,13 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from ddpify.analysis.roles import backward_units, is_optimizer, optimizer_names, training_loops
+from ddpify.analysis.roles import (
+    backward_units,
+    is_optimizer,
+    iterable_dataset_classes,
+    optimizer_names,
+    training_loops,
+)
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import Options, migrate_source
 
@@ -121,3 +127,35 @@ def test_the_rules_tree_is_the_tree_migrate_reads():
     assert seen[0].imports.aliases == fresh.imports.aliases
     assert seen[0].find(cst.Call) == fresh.find(cst.Call)
     assert backward_units(seen[0]) == backward_units(fresh)
+
+
+ITERABLES = """\
+import datasets
+from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+
+
+class Shards(IterableDataset):
+    pass
+
+
+class LocalShards(Shards):
+    pass
+
+
+class Lines(IterDataPipe):
+    pass
+
+
+class Hub(datasets.IterableDataset):
+    pass
+
+
+class Images(Dataset):
+    pass
+"""
+
+
+def test_iterable_dataset_classes_one_answer_for_rules_and_migrate():
+    tree = Tree(cst.parse_module(ITERABLES))
+    assert iterable_dataset_classes(tree) == {"Shards", "LocalShards", "Lines", "Hub"}

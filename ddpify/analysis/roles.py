@@ -923,11 +923,30 @@ def _helper_results(tree: Tree, func: cst.FunctionDef, index: int | None) -> set
     return found
 
 
+# Bases of an iterable (streaming) dataset: torch's, DataPipes, Hugging Face's.
+ITERABLE_BASES = frozenset(
+    {
+        "torch.utils.data.IterableDataset",
+        "torch.utils.data.dataset.IterableDataset",
+        "torch.utils.data.IterDataPipe",
+        "torch.utils.data.datapipes.datapipe.IterDataPipe",
+        "torchdata.datapipes.iter.IterDataPipe",
+        "datasets.IterableDataset",
+    }
+)
+_ITERABLE_NAMES = frozenset({"IterableDataset", "IterDataPipe"})
+
+
 def iterable_dataset_classes(tree: Tree) -> set[str]:
-    """The classes of the script (or project) that are IterableDatasets, also through
-    a subclass of one (`class Subset(TokenDataset)`, `TokenDataset(IterableDataset)`)."""
-    names: set[str] = set()
+    """The classes of the script (or project) that are iterable datasets, also through
+    a subclass of one (`class Subset(TokenDataset)`, `TokenDataset(IterableDataset)`):
+    what DDP020/DDP024 and the migration's stream pass both ask."""
     view = tree.view
+    return set(view_cached(view, "iterable_classes", lambda: _iterable_classes(view)))
+
+
+def _iterable_classes(view) -> frozenset[str]:
+    names: set[str] = set()
     classes = view.find(cst.ClassDef)
     grew = True
     while grew:
@@ -938,14 +957,15 @@ def iterable_dataset_classes(tree: Tree) -> set[str]:
             if any(_is_iterable_base(view, base.value, names) for base in cls.bases):
                 names.add(cls.name.value)
                 grew = True
-    return names
+    return frozenset(names)
 
 
 def _is_iterable_base(view, base: cst.BaseExpression, known: set[str]) -> bool:
-    name = dotted(base)
-    return view.qualify(base) == ITERABLE_DATASET or (
-        name is not None and name.rsplit(".", 1)[-1] in known
-    )
+    """torch's IterableDataset (or another of ITERABLE_BASES), a base so named whatever
+    it is imported from, or a class already known to be one."""
+    qualified = view.qualify(base) or dotted(base) or ""
+    last = qualified.rsplit(".", 1)[-1]
+    return qualified in ITERABLE_BASES or last in _ITERABLE_NAMES or last in known
 
 
 def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:
