@@ -8,6 +8,7 @@ import pytest
 
 from ddpify.analysis.roles import (
     backward_units,
+    distributed_sampler_value,
     is_optimizer,
     iterable_dataset_classes,
     optimizer_names,
@@ -159,3 +160,32 @@ class Images(Dataset):
 def test_iterable_dataset_classes_one_answer_for_rules_and_migrate():
     tree = Tree(cst.parse_module(ITERABLES))
     assert iterable_dataset_classes(tree) == {"Shards", "LocalShards", "Lines", "Hub"}
+
+
+SAMPLERS = """\
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+a = DataLoader(ds, sampler=DistributedSampler(ds))
+s = None if single else DistributedSampler(ds)
+b = DataLoader(ds, sampler=s)
+c = DataLoader(ds, sampler=RandomSampler(ds))
+x = y
+y = x
+d = DataLoader(ds, sampler=x)
+"""
+
+
+def test_the_distributed_sampler_behind_a_loaders_sampler_argument():
+    module = cst.parse_module(SAMPLERS)
+    tree = Tree(module)
+    found = {}
+    for call in tree.calls_to("torch.utils.data.DataLoader"):
+        target = module.code_for_node(tree.statement(call)).split("=")[0].strip()
+        value = distributed_sampler_value(tree, call.args[1].value)
+        found[target] = module.code_for_node(value) if value is not None else None
+    assert found == {
+        "a": "DistributedSampler(ds)",
+        "b": "None if single else DistributedSampler(ds)",  # may be None: guard set_epoch
+        "c": None,
+        "d": None,  # names bound to each other, no sampler: the search ends
+    }

@@ -764,6 +764,43 @@ def _split_at_target(loop: cst.For, names: list[str]) -> bool:
     return False
 
 
+def distributed_sampler_value(
+    tree: Tree, expr: cst.BaseExpression | None, depth: int = 0
+) -> cst.BaseExpression | None:
+    """What makes the DistributedSampler a loader's `sampler=` value holds: the call
+    (`DistributedSampler(ds)`), or a conditional with it on a branch
+    (`DistributedSampler(ds) if distributed else None`: the sampler may be None), written
+    there or bound to the name passed (`sampler=train_sampler`), a few names deep. None
+    when no DistributedSampler is behind it."""
+    if expr is None or depth > 3:
+        return None
+    if isinstance(expr, cst.IfExp):
+        branches = (expr.body, expr.orelse)
+        found = any(distributed_sampler_value(tree, b, depth) is not None for b in branches)
+        return expr if found else None
+    call = _innermost_call(expr)
+    if call is not None:
+        return call if tree.view.qualify(call.func) == DIST_SAMPLER else None
+    name = dotted(expr)
+    for value in _bindings(tree).get(name or "", []):
+        if value is not expr and dotted(value) != name:
+            found = distributed_sampler_value(tree, value, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _innermost_call(expr: cst.BaseExpression) -> cst.Call | None:
+    """`DistributedSampler(...)` of `DistributedSampler(...).method()`, else `expr`."""
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and isinstance(expr.func.value, cst.Call)
+    ):
+        expr = expr.func.value
+    return expr if isinstance(expr, cst.Call) else None
+
+
 def already_distributed(tree: Tree, loop: cst.For | cst.While) -> bool:
     """The function that runs the loop deals with a DistributedSampler itself
     (`if isinstance(self.sampler, DistributedSampler): self.sampler.set_epoch(e)`): its

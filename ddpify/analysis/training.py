@@ -18,7 +18,7 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.roles import backward_units, iterated_name
+from ddpify.analysis.roles import backward_units, distributed_sampler_value, iterated_name
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.values import mentions_world_size, per_process_source
 from ddpify.walk import children, walk
@@ -137,18 +137,6 @@ class ShardedLoader:
     batch_size: cst.BaseExpression | None
 
 
-def _is_sampler_value(model: ScriptModel, expr: cst.BaseExpression) -> bool:
-    call = unwrap_call_chain(expr)
-    if call is not None:
-        return model.imports.qualify(call.func) == DISTRIBUTED_SAMPLER
-    name = dotted(expr)
-    return name is not None and any(
-        _is_sampler_value(model, value)
-        for value in model.bindings.get(name, [])
-        if not isinstance(value, cst.Name) or dotted(value) != name
-    )
-
-
 def sampled_datasets(model: ScriptModel) -> set[str]:
     """Datasets handed to a DistributedSampler, as written (`train_ds`, `self.dataset`)."""
     found = set()
@@ -178,9 +166,10 @@ def _is_rank_subset(model: ScriptModel, expr: cst.BaseExpression, depth: int = 0
     )
 
 
-def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
-    """DataLoaders whose sampler is a DistributedSampler (inline, by name, or over the
-    same dataset a DistributedSampler is built on), or over a Subset sharded by rank."""
+def sharded_loaders(model: ScriptModel, tree: Tree) -> list[ShardedLoader]:
+    """DataLoaders whose sampler is a DistributedSampler (inline, by name, on a branch of
+    a conditional: `roles.distributed_sampler_value`, as migrate asks; or over the same
+    dataset a DistributedSampler is built on), or over a Subset sharded by rank."""
     loaders = model.calls.get(DATALOADER, [])
     if not loaders or not (model.calls.get(DISTRIBUTED_SAMPLER) or model.calls.get(SUBSET)):
         return []
@@ -196,7 +185,7 @@ def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
         dataset_arg = find_arg(call, "dataset", 0)
         dataset = dotted(dataset_arg.value) if dataset_arg is not None else None
         sampler = find_arg(call, "sampler", 3)
-        by_sampler = sampler is not None and _is_sampler_value(model, sampler.value)
+        by_sampler = sampler is not None and bool(distributed_sampler_value(tree, sampler.value))
         by_subset = dataset_arg is not None and _is_rank_subset(model, dataset_arg.value)
         if by_sampler or by_subset or (dataset in sampled and sampler is not None):
             batch = find_arg(call, "batch_size", 1)

@@ -18,6 +18,7 @@ from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import (
+    distributed_sampler_value,
     iterated_name,
     project_has_hand_made_batches,
     stream_batches,
@@ -30,7 +31,6 @@ from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_LOADER,
-    DIST_SAMPLER,
     Loader,
     NotMigrated,
     Plan,
@@ -146,23 +146,6 @@ def _note_adaptive_solvers(tree: Tree, plan: Plan) -> None:
 # -- samplers ---------------------------------------------------------------------------
 
 
-def _sampler_call(tree: Tree, expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
-    """The DistributedSampler(...) behind a `sampler=` value (directly or through a name)."""
-    if expr is None:
-        return None
-    if isinstance(expr, cst.Call) and tree.qualify(expr.func) == DIST_SAMPLER:
-        return expr
-    if isinstance(expr, cst.IfExp):
-        return _sampler_call(tree, expr.body) and expr
-    name = dotted(expr)
-    for assign in tree.find(cst.Assign):
-        if name and any(dotted(t.target) == name for t in assign.targets):
-            found = _sampler_call(tree, assign.value)
-            if found is not None:
-                return found
-    return None
-
-
 def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     call = loader.call
     sampler = find_arg(call, "sampler", 3)
@@ -171,7 +154,7 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
         given = sampler or batch_sampler
         if sampler is not None and _shard_none_sampler(tree, plan, edits, call, sampler):
             return
-        if _sampler_call(tree, given.value) is None:  # type: ignore[union-attr]
+        if distributed_sampler_value(tree, given.value) is None:  # type: ignore[union-attr]
             if plan.shape.converts:
                 raise NotMigrated(
                     Shape.UNKNOWN,
@@ -663,7 +646,7 @@ def _set_epoch_code(tree: Tree, loop: cst.For, name: str, loader: Loader, epoch:
     given = find_arg(loader.call, "sampler", 2)
     if given is not None:
         sampler = dotted(given.value)
-        bound = _sampler_call(tree, given.value)
+        bound = distributed_sampler_value(tree, given.value)
         if sampler and isinstance(bound, cst.IfExp):
             return f"if {sampler} is not None:\n    {sampler}.set_epoch({epoch})\n"
         if (

@@ -97,7 +97,9 @@ class UnreducedMetrics(Rule):
         model = self.context.model
         if model.framework is not None or not model.is_distributed or not self.loops.loops:
             return
-        loaders = {loader.target for loader in sharded_loaders(model) if loader.target}
+        loaders = {
+            loader.target for loader in sharded_loaders(model, self.context.tree) if loader.target
+        }
         loaders |= rank_sharded_streams(model)
         if not loaders:
             return
