@@ -299,20 +299,27 @@ def _training_loops(view) -> list[cst.For | cst.While]:
     return view_cached(view, "training_loops", lambda: _find_training_loops(view))
 
 
-def backward_units(tree: Tree) -> list[cst.For | cst.While | cst.FunctionDef]:
+def backward_units(
+    tree: Tree, backwards: list[cst.Call] | None = None
+) -> list[cst.For | cst.While | cst.FunctionDef]:
     """The innermost loop or function around each backward call of this module, once
     each, in the order of the calls: the body that runs one training step (a loop body,
-    or a `train_step` function called once per micro-step)."""
+    or a `train_step` function called once per micro-step). `backwards`: the module's
+    `.backward()` calls when the caller has them already (the lint engine indexes them)."""
     view = tree.view
-    units = view_cached(view, "backward_units", lambda: _find_backward_units(view))
+    if backwards is not None and view is tree:
+        return _find_backward_units(view, backwards)
+    units = view_cached(
+        view, "backward_units", lambda: _find_backward_units(view, _backward_calls(view))
+    )
     if view is tree:  # one module: all its own (no `order` map built to say so)
         return list(units)
     return [unit for unit in units if tree.owns(unit)]
 
 
-def _find_backward_units(view) -> list[cst.For | cst.While | cst.FunctionDef]:
+def _find_backward_units(view, backwards) -> list[cst.For | cst.While | cst.FunctionDef]:
     found: list[cst.For | cst.While | cst.FunctionDef] = []
-    for call in _backward_calls(view):
+    for call in backwards:
         unit = _innermost_unit(view, call)
         if unit is not None and all(unit is not known for known in found):
             found.append(unit)

@@ -423,11 +423,13 @@ class LoopFacts:
         elif isinstance(node, cst.Attribute) and node.attr.value in _NO_SYNC:
             self.no_sync.append(Located(node, tuple(ancestors)))
 
-    def units_with_backward(self, tree: Tree) -> list[Located]:
-        """The innermost loop or function around each backward call, once each, as the
-        roles analysis finds them (`roles.backward_units`), with their ancestry."""
+    def units_with_backward(self, tree: Tree, backwards: list[cst.Call]) -> list[Located]:
+        """The innermost loop or function around each of the file's backward calls, once
+        each, as the roles analysis finds them (`roles.backward_units`), with their
+        ancestry."""
         units = {id(u.node): u for u in (*self.loops, *self.functions)}
-        return [units[id(unit)] for unit in backward_units(tree) if id(unit) in units]
+        found = backward_units(tree, backwards)
+        return [units[id(unit)] for unit in found if id(unit) in units]
 
     def no_sync_near(self, loop: Located) -> bool:
         """Whether `no_sync` is mentioned in the loop's class (for a method), its function,

@@ -104,9 +104,15 @@ class BatchNormNotSynced(DistributedRule):
 
 
 def _mentions_batch_norm(call: cst.Call) -> bool:
-    """`nn.BatchNorm2d(16)`, or a BatchNorm class among the arguments."""
+    """`nn.BatchNorm2d(16)`, or a BatchNorm class among the arguments (asked of every
+    call: a string test on each last identifier before the pattern)."""
     for expr in (call.func, *(arg.value for arg in call.args)):
-        name = dotted(expr)
-        if name is not None and BATCH_NORM.match(name.rsplit(".", 1)[-1]):
+        if isinstance(expr, cst.Attribute):
+            last = expr.attr.value
+        elif isinstance(expr, cst.Name):
+            last = expr.value
+        else:
+            continue
+        if "BatchNorm" in last and BATCH_NORM.match(last):
             return True
     return False
