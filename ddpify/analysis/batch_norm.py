@@ -33,6 +33,31 @@ CONTAINERS = frozenset(
 )
 
 
+def may_hold_batch_norm(tree, model: str | cst.BaseExpression | None) -> bool:
+    """Whether a model (a name it is bound to, or an expression: `model`, `Net().cuda()`)
+    may hold BatchNorm layers: what DDP030 reports and the wrap pass converts. The
+    analysis decides for a model the project builds; for one built elsewhere
+    (`torchvision.models.resnet18()`) or not known, whether the project names a BatchNorm
+    layer at all (`nn.BatchNorm2d(...)`, `norm_layer=nn.BatchNorm2d`)."""
+    if model is None:
+        holds = None
+    elif isinstance(model, str):
+        holds = holds_batch_norm(tree, model)
+    else:
+        holds = expression_holds_batch_norm(tree, model)
+    return names_batch_norm(tree) if holds is None else holds
+
+
+def names_batch_norm(tree) -> bool:
+    """Whether some module of the project names a BatchNorm layer (`BatchNorm2d`,
+    `LazyBatchNorm1d`; not SyncBatchNorm): the model's layers may live in another module
+    of the project (models/, layers/)."""
+    return any(
+        t.find(cst.Name, lambda name: BATCH_NORM.match(name.value) is not None)
+        for t in getattr(tree.view, "trees", [tree])
+    )
+
+
 def holds_batch_norm(tree, target: str) -> bool | None:
     """Whether the model (or list, dict of models) bound to `target` may hold BatchNorm:
     the values assigned to `target` anywhere in the project, combined."""

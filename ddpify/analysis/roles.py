@@ -29,8 +29,8 @@ DATA_PARALLEL = "torch.nn.parallel.DataParallel"
 DATA_LOADER = "torch.utils.data.DataLoader"
 DIST_SAMPLER = "torch.utils.data.DistributedSampler"
 ITERABLE_DATASET = "torch.utils.data.IterableDataset"
-# Wrappers around the loader in `for batch in tqdm(enumerate(loader))`.
-ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
+# Wrappers around the loader in `for batch in tqdm(enumerate(loader))` (`track`: rich's).
+ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar", "track"}
 _SCHEDULER_OR_OPTIMIZER = re.compile(r"sched|optim", re.I)
 # Training loops: `for` over batches or epochs, `while step < max_iters` step loops.
 LOOPS = (cst.For, cst.While)
@@ -74,12 +74,25 @@ def project_optimizer_calls(tree: Tree) -> list[cst.Call]:
     return _optimizer_calls(tree.view)
 
 
-def _optimizer_calls(view) -> list[cst.Call]:
-    def is_optimizer(call: cst.Call) -> bool:
-        name = view.qualify(call.func) or ""
-        return name.startswith("torch.optim.") and ".lr_scheduler." not in name
+# Public names under torch.optim that are no optimizer: the base class, schedulers, SWA.
+_NOT_OPTIMIZERS = {"Optimizer"}
+_NOT_OPTIMIZER_MODULES = {"lr_scheduler", "swa_utils"}
 
-    return view.find(cst.Call, is_optimizer)
+
+def is_optimizer(qualified: str | None) -> bool:
+    """`torch.optim.SGD`, `torch.optim.adamw.AdamW`: a torch optimizer class; not an LR
+    scheduler (`torch.optim.lr_scheduler.StepLR`), nor SWA's `AveragedModel` / `SWALR`,
+    nor the `Optimizer` base class."""
+    if qualified is None or not qualified.startswith("torch.optim."):
+        return False
+    parts = qualified.split(".")
+    if len(parts) > 4 or set(parts) & _NOT_OPTIMIZER_MODULES:
+        return False
+    return parts[-1][:1].isupper() and parts[-1] not in _NOT_OPTIMIZERS
+
+
+def _optimizer_calls(view) -> list[cst.Call]:
+    return view.find(cst.Call, lambda call: is_optimizer(view.qualify(call.func)))
 
 
 def bound_target(tree: Tree, call: cst.Call) -> str | None:
@@ -286,14 +299,46 @@ def _training_loops(view) -> list[cst.For | cst.While]:
     return view_cached(view, "training_loops", lambda: _find_training_loops(view))
 
 
+def backward_units(
+    tree: Tree, backwards: list[cst.Call] | None = None
+) -> list[cst.For | cst.While | cst.FunctionDef]:
+    """The innermost loop or function around each backward call of this module, once
+    each, in the order of the calls: the body that runs one training step (a loop body,
+    or a `train_step` function called once per micro-step). `backwards`: the module's
+    `.backward()` calls when the caller has them already (the lint engine indexes them)."""
+    view = tree.view
+    if backwards is not None and view is tree:
+        return _find_backward_units(view, backwards)
+    units = view_cached(
+        view, "backward_units", lambda: _find_backward_units(view, _backward_calls(view))
+    )
+    if view is tree:  # one module: all its own (no `order` map built to say so)
+        return list(units)
+    return [unit for unit in units if tree.owns(unit)]
+
+
+def _find_backward_units(view, backwards) -> list[cst.For | cst.While | cst.FunctionDef]:
+    found: list[cst.For | cst.While | cst.FunctionDef] = []
+    for call in backwards:
+        unit = _innermost_unit(view, call)
+        if unit is not None and all(unit is not known for known in found):
+            found.append(unit)
+    return found
+
+
+def _innermost_unit(view, node: cst.CSTNode) -> cst.For | cst.While | cst.FunctionDef | None:
+    current = view.parent.get(node)
+    while current is not None and not isinstance(current, (*LOOPS, cst.FunctionDef)):
+        current = view.parent.get(current)
+    return current
+
+
 def _find_training_loops(view) -> list[cst.For | cst.While]:
     loops: list[cst.For | cst.While] = []
     pending = [(call, 0) for call in _backward_calls(view)]
     while pending:
         node, depth = pending.pop(0)
-        current = view.parent.get(node)
-        while current is not None and not isinstance(current, (*LOOPS, cst.FunctionDef)):
-            current = view.parent.get(current)
+        current = _innermost_unit(view, node)
         if isinstance(current, cst.While):
             current = _loop_over_data(view, current)
         if isinstance(current, LOOPS):
@@ -726,6 +771,43 @@ def _split_at_target(loop: cst.For, names: list[str]) -> bool:
     return False
 
 
+def distributed_sampler_value(
+    tree: Tree, expr: cst.BaseExpression | None, depth: int = 0
+) -> cst.BaseExpression | None:
+    """What makes the DistributedSampler a loader's `sampler=` value holds: the call
+    (`DistributedSampler(ds)`), or a conditional with it on a branch
+    (`DistributedSampler(ds) if distributed else None`: the sampler may be None), written
+    there or bound to the name passed (`sampler=train_sampler`), a few names deep. None
+    when no DistributedSampler is behind it."""
+    if expr is None or depth > 3:
+        return None
+    if isinstance(expr, cst.IfExp):
+        branches = (expr.body, expr.orelse)
+        found = any(distributed_sampler_value(tree, b, depth) is not None for b in branches)
+        return expr if found else None
+    call = _innermost_call(expr)
+    if call is not None:
+        return call if tree.view.qualify(call.func) == DIST_SAMPLER else None
+    name = dotted(expr)
+    for value in _bindings(tree).get(name or "", []):
+        if value is not expr and dotted(value) != name:
+            found = distributed_sampler_value(tree, value, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _innermost_call(expr: cst.BaseExpression) -> cst.Call | None:
+    """`DistributedSampler(...)` of `DistributedSampler(...).method()`, else `expr`."""
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and isinstance(expr.func.value, cst.Call)
+    ):
+        expr = expr.func.value
+    return expr if isinstance(expr, cst.Call) else None
+
+
 def already_distributed(tree: Tree, loop: cst.For | cst.While) -> bool:
     """The function that runs the loop deals with a DistributedSampler itself
     (`if isinstance(self.sampler, DistributedSampler): self.sampler.set_epoch(e)`): its
@@ -885,11 +967,30 @@ def _helper_results(tree: Tree, func: cst.FunctionDef, index: int | None) -> set
     return found
 
 
+# Bases of an iterable (streaming) dataset: torch's, DataPipes, Hugging Face's.
+ITERABLE_BASES = frozenset(
+    {
+        "torch.utils.data.IterableDataset",
+        "torch.utils.data.dataset.IterableDataset",
+        "torch.utils.data.IterDataPipe",
+        "torch.utils.data.datapipes.datapipe.IterDataPipe",
+        "torchdata.datapipes.iter.IterDataPipe",
+        "datasets.IterableDataset",
+    }
+)
+_ITERABLE_NAMES = frozenset({"IterableDataset", "IterDataPipe"})
+
+
 def iterable_dataset_classes(tree: Tree) -> set[str]:
-    """The classes of the script (or project) that are IterableDatasets, also through
-    a subclass of one (`class Subset(TokenDataset)`, `TokenDataset(IterableDataset)`)."""
-    names: set[str] = set()
+    """The classes of the script (or project) that are iterable datasets, also through
+    a subclass of one (`class Subset(TokenDataset)`, `TokenDataset(IterableDataset)`):
+    what DDP020/DDP024 and the migration's stream pass both ask."""
     view = tree.view
+    return set(view_cached(view, "iterable_classes", lambda: _iterable_classes(view)))
+
+
+def _iterable_classes(view) -> frozenset[str]:
+    names: set[str] = set()
     classes = view.find(cst.ClassDef)
     grew = True
     while grew:
@@ -900,25 +1001,31 @@ def iterable_dataset_classes(tree: Tree) -> set[str]:
             if any(_is_iterable_base(view, base.value, names) for base in cls.bases):
                 names.add(cls.name.value)
                 grew = True
-    return names
+    return frozenset(names)
 
 
 def _is_iterable_base(view, base: cst.BaseExpression, known: set[str]) -> bool:
-    name = dotted(base)
-    return view.qualify(base) == ITERABLE_DATASET or (
-        name is not None and name.rsplit(".", 1)[-1] in known
-    )
+    """torch's IterableDataset (or another of ITERABLE_BASES), a base so named whatever
+    it is imported from, or a class already known to be one."""
+    qualified = view.qualify(base) or dotted(base) or ""
+    last = qualified.rsplit(".", 1)[-1]
+    return qualified in ITERABLE_BASES or last in _ITERABLE_NAMES or last in known
 
 
 def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:
-    """Name -> the values assigned to it (`x = value`, and `with value as x`)."""
+    """Name -> the values assigned to it (`x = value`, and `with value as x`), in any
+    module of the view: made once per view (a rule asks it for every loop of a file)."""
+    return view_cached(tree.view, "bindings", lambda: _find_bindings(tree.view))
+
+
+def _find_bindings(view) -> dict[str, list[cst.BaseExpression]]:
     found: dict[str, list[cst.BaseExpression]] = {}
-    for assign in tree.view.find(cst.Assign):
+    for assign in view.find(cst.Assign):
         for target in assign.targets:
             name = dotted(target.target)
             if name:
                 found.setdefault(name, []).append(assign.value)
-    for item in tree.view.find(cst.WithItem):
+    for item in view.find(cst.WithItem):
         name = dotted(item.asname.name) if item.asname is not None else None
         if name:
             found.setdefault(name, []).append(item.item)

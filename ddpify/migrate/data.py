@@ -13,10 +13,12 @@ import libcst as cst
 
 from ddpify.analysis.batch_coupling import batch_comparisons
 from ddpify.analysis.endless import pass_restarts
+from ddpify.analysis.epochs import epoch_loops
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import (
+    distributed_sampler_value,
     iterated_name,
     project_has_hand_made_batches,
     stream_batches,
@@ -29,7 +31,6 @@ from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_LOADER,
-    DIST_SAMPLER,
     Loader,
     NotMigrated,
     Plan,
@@ -61,7 +62,8 @@ LR_RULES = {
     "linear": ("linear LR scaling (Goyal et al. 2017)", "{lr} * WORLD_SIZE"),
     "sqrt": ("square-root LR scaling (Malladi et al. 2022)", "{lr} * WORLD_SIZE**0.5"),
 }
-ABSOLUTE_LR_SCHEDULERS = ("OneCycleLR", "CyclicLR")
+# Schedulers that set the learning rate to a value of their own, and its argument.
+ABSOLUTE_LR_SCHEDULERS = {"OneCycleLR": "max_lr", "CyclicLR": "max_lr", "SWALR": "swa_lr"}
 GLOBAL_NOTE = "# ddpify: batch policy global: batch_size // WORLD_SIZE per process, LR unchanged"
 
 
@@ -144,23 +146,6 @@ def _note_adaptive_solvers(tree: Tree, plan: Plan) -> None:
 # -- samplers ---------------------------------------------------------------------------
 
 
-def _sampler_call(tree: Tree, expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
-    """The DistributedSampler(...) behind a `sampler=` value (directly or through a name)."""
-    if expr is None:
-        return None
-    if isinstance(expr, cst.Call) and tree.qualify(expr.func) == DIST_SAMPLER:
-        return expr
-    if isinstance(expr, cst.IfExp):
-        return _sampler_call(tree, expr.body) and expr
-    name = dotted(expr)
-    for assign in tree.find(cst.Assign):
-        if name and any(dotted(t.target) == name for t in assign.targets):
-            found = _sampler_call(tree, assign.value)
-            if found is not None:
-                return found
-    return None
-
-
 def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     call = loader.call
     sampler = find_arg(call, "sampler", 3)
@@ -169,7 +154,7 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
         given = sampler or batch_sampler
         if sampler is not None and _shard_none_sampler(tree, plan, edits, call, sampler):
             return
-        if _sampler_call(tree, given.value) is None:  # type: ignore[union-attr]
+        if distributed_sampler_value(tree, given.value) is None:  # type: ignore[union-attr]
             if plan.shape.converts:
                 raise NotMigrated(
                     Shape.UNKNOWN,
@@ -413,10 +398,11 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
         _scale_hand_set_lr(tree, plan, edits)
     for call in tree.find(cst.Call):
         name = tree.qualify(call.func) or ""
-        if name.rsplit(".", 1)[-1] in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
+        short = name.rsplit(".", 1)[-1]
+        if short in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
             plan.needs_human(
-                f"{name.rsplit('.', 1)[-1]} sets the learning rate itself; scale its max_lr "
-                "like the optimizer's",
+                f"{short} sets the learning rate itself; scale its "
+                f"{ABSOLUTE_LR_SCHEDULERS[short]} like the optimizer's",
                 tree.code(tree.statement(call)),
             )
 
@@ -492,10 +478,10 @@ def _scale_lr(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -> None:
 
 
 def _epoch_loops(tree: Tree) -> list[cst.For]:
-    loops = []
-    for loop in tree.find(cst.For):
-        names = {n.lower() for n in names_in(loop.target) | names_in(loop.iter)}
-        if any("epoch" in n for n in names) and not any(tree.inside(loop, o) for o in loops):
+    """The outermost `for` loops over epochs (analysis/epochs.py decides which are)."""
+    loops: list[cst.For] = []
+    for loop in epoch_loops(tree):
+        if isinstance(loop, cst.For) and not any(tree.inside(loop, o) for o in loops):
             loops.append(loop)
     return loops
 
@@ -660,7 +646,7 @@ def _set_epoch_code(tree: Tree, loop: cst.For, name: str, loader: Loader, epoch:
     given = find_arg(loader.call, "sampler", 2)
     if given is not None:
         sampler = dotted(given.value)
-        bound = _sampler_call(tree, given.value)
+        bound = distributed_sampler_value(tree, given.value)
         if sampler and isinstance(bound, cst.IfExp):
             return f"if {sampler} is not None:\n    {sampler}.set_epoch({epoch})\n"
         if (

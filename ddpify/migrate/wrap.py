@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.batch_norm import holds_batch_norm
+from ddpify.analysis.batch_norm import may_hold_batch_norm
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
@@ -149,7 +149,7 @@ def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
         return
     if "convert_sync_batchnorm" in tree.text:
         return
-    models = sorted({name for name in wrapped if _may_hold_batch_norm(tree, name)})
+    models = sorted({name for name in wrapped if may_hold_batch_norm(tree, name)})
     if not models:
         return
     plan.needs_human(
@@ -162,28 +162,13 @@ def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
     )
 
 
-def _may_hold_batch_norm(tree: Tree, model: str | None) -> bool:
-    """The analysis decides for a model the project builds; for one built elsewhere
-    (`torchvision.models.resnet18()`), whether the project names BatchNorm at all."""
-    holds = holds_batch_norm(tree, model) if model else None
-    return _has_batch_norm(tree) if holds is None else holds
-
-
-def _has_batch_norm(tree: Tree) -> bool:
-    # The model's layers may live in another module of the project (models/, layers/).
-    return any(
-        t.find(cst.Name, lambda name: "BatchNorm" in name.value)
-        for t in getattr(tree.view, "trees", [tree])
-    )
-
-
 def _wants_sync_bn(tree: Tree, plan: Plan, model: str | None) -> bool:
     """Whether `model` (the name the wrap rebinds) gets a SyncBatchNorm conversion."""
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
     if "convert_sync_batchnorm" in tree.text:
         return False
-    return _may_hold_batch_norm(tree, model)
+    return may_hold_batch_norm(tree, model)
 
 
 def _sync_bn(plan: Plan, model: str, element: str | None = None) -> cst.BaseStatement:
