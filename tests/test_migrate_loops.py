@@ -137,6 +137,17 @@ def test_an_empty_sampler_slot_gets_the_distributed_sampler():
     assert "shuffle=(train_sampler is None)," in out  # now False: the sampler shuffles
 
 
+def test_a_shuffle_flag_given_by_position_is_no_sampler():
+    """`DataLoader(dataset, 16, True)`: position 2 is `shuffle`; `sampler` is position 3.
+    Reading the flag as the sampler wrote `True.set_epoch(epoch)`, which crashes."""
+    before = (FIXTURES / "migrate" / "positional_loader_args" / "before.py").read_text()
+    out = migrate(before).output
+    loader = "DataLoader(dataset, batch_size, sampler=DistributedSampler(dataset, shuffle=True))"
+    assert loader in out
+    assert "    train_loader.sampler.set_epoch(epoch)\n" in out
+    assert "True.set_epoch" not in out
+
+
 def test_a_none_sampler_next_to_a_literal_shuffle_is_not_filled():
     """`shuffle=True` beside a sampler raises in DataLoader: not a slot to fill."""
     source = (

@@ -267,7 +267,7 @@ def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
 def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
     train = {id(loader.call) for loader in loaders}
     for call in tree.calls_to(DATA_LOADER):
-        if id(call) in train or find_arg(call, "sampler", 2) is not None:
+        if id(call) in train or find_arg(call, "sampler", 3) is not None:
             continue
         stream = stream_of(tree, call)
         if stream is not None:
@@ -643,7 +643,7 @@ def _most_qualified(name: str) -> tuple[int, str]:
 
 
 def _set_epoch_code(tree: Tree, loop: cst.For, name: str, loader: Loader, epoch: str) -> str:
-    given = find_arg(loader.call, "sampler", 2)
+    given = find_arg(loader.call, "sampler", 3)
     if given is not None:
         sampler = dotted(given.value)
         bound = distributed_sampler_value(tree, given.value)
