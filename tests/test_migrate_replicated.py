@@ -179,3 +179,18 @@ def test_tensors_a_function_rebinds_through_global_are_not_full_batch():
     result = migrate_source(source, "t.py")
     assert not result.migrated
     assert "cannot tell where the batch enters the step" in result.reason
+
+
+@pytest.mark.parametrize("case", sorted(REPLICATED))
+def test_a_replicated_step_logs_the_whole_batch_not_a_shard(case):
+    """Every rank computes the whole step, so rank 0's loss is the original's: the report
+    must not tell the user to all-reduce it (DDP054), while the print stays on rank 0."""
+    result = migrate_case(case)
+    assert any(c.description == "logs on global rank 0 only" for c in result.changes)
+    assert not [item for item in result.needs_human if "DDP054" in item.why]
+
+
+def test_a_sharded_step_still_says_its_loss_is_rank_zeros_shard():
+    result = migrate_case("single_toplevel")
+    shard = [item for item in result.needs_human if "DDP054" in item.why]
+    assert shard and all("rank 0's shard only" in item.why for item in shard)

@@ -200,6 +200,45 @@ def _trained_modules(view) -> list[str]:
     return found
 
 
+def ranged_collection(tree: Tree, node: cst.CSTNode, name: str) -> tuple[str, str] | None:
+    """(`nets`, `net`) when `name`, read at `node`, is the variable of an enclosing loop
+    over the collection `nets`: a comprehension `[Adam(net.parameters()) for net in nets]`
+    or a statement `for net in nets: opts.append(Adam(net.parameters()))`; (`nets`,
+    `key, net`) for `for key, net in nets.items()`. None when no enclosing loop binds
+    `name`, or it ranges over something other than a named collection."""
+    current = tree.parent.get(node)
+    while current is not None and not isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+        clause = current.for_in if isinstance(current, COMPREHENSIONS) else current
+        if isinstance(clause, (cst.CompFor, cst.For)):
+            found = _ranged_by(clause.target, clause.iter, name)
+            if found is not None:
+                return found
+        current = tree.parent.get(current)
+    return None
+
+
+COMPREHENSIONS = (cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.SetComp)
+
+
+def _ranged_by(
+    target: cst.BaseExpression, iterable: cst.BaseExpression, name: str
+) -> tuple[str, str] | None:
+    source = dotted(iterable)
+    if isinstance(target, cst.Name):
+        return (source, name) if target.value == name and source is not None else None
+    names = target.elements if isinstance(target, cst.Tuple) else []
+    if len(names) != 2 or not all(isinstance(e.value, cst.Name) for e in names):
+        return None
+    key, value = (e.value.value for e in names)  # type: ignore[attr-defined]
+    call = iterable
+    if value != name or not (isinstance(call, cst.Call) and not call.args):
+        return None
+    if not isinstance(call.func, cst.Attribute) or call.func.attr.value != "items":
+        return None
+    source = dotted(call.func.value)
+    return (source, f"{key}, {value}") if source is not None else None
+
+
 def optimizer_names(tree: Tree) -> set[str]:
     names = {bound_target(tree, call) for call in _optimizer_calls(tree.view)} - {None}
     return names | propagate(tree, names)  # type: ignore[operator]

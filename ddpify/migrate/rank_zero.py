@@ -20,6 +20,7 @@ from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan, backward_calls, model_names, training_loops
 from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.replicate import replicated_steps
 
 NAME = "rank-zero"
 LOG_METHODS = {"info", "debug", "warning", "warn", "log"}
@@ -250,9 +251,18 @@ def _next_to(body, previous: cst.BaseStatement, stmt: cst.BaseStatement) -> bool
 
 
 def _shard_values(tree: Tree) -> set[str]:
-    """Names computed in a training loop: under DDP they describe this rank's shard only."""
-    names = {"loss"}
-    for loop in training_loops(tree):
+    """Names computed in a training loop: under DDP they describe this rank's shard only.
+    A replicated step (migrate/replicate.py) computes the whole batch on every rank, so
+    what it computes is the original's value: its loop, and a loop around it (the epoch
+    loop that logs its loss), hold no shard values."""
+    whole = [step.loop for step in replicated_steps(tree)]
+    sharded = [
+        loop
+        for loop in training_loops(tree)
+        if not any(loop is w or tree.inside(w, loop) for w in whole)
+    ]
+    names = {"loss"} if sharded else set()
+    for loop in sharded:
         for node in tree.within(loop, (cst.Assign, cst.AugAssign)):
             targets = node.targets if isinstance(node, cst.Assign) else [node]
             names |= {dotted(t.target) for t in targets} - {None}  # type: ignore[operator]

@@ -15,6 +15,7 @@ from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
     project_optimizer_calls,
+    ranged_collection,
     returned_into_trained,
     stored_models,
     trained_model_names,
@@ -558,13 +559,14 @@ def _note_find_unused(plan: Plan, anchor: str) -> None:
 def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict) -> list:
     """(name, the statement that builds it) for each trained module; `model.fc` in a
     per-layer optimizer resolves to the `model` it belongs to; `net` in
-    `[Adam(net.parameters()) for net in nets]` to the list `nets` (recorded in
+    `[Adam(net.parameters()) for net in nets]` (or a `for net in nets:` loop that
+    appends it) to the list `nets` (recorded in
     `collections` with its element name: each of its modules is wrapped), and in
     `{k: Adam(net.parameters()) for k, net in nets.items()}` to the dict `nets`."""
     found = []
     for optimizer in optimizers:
         for owner in trained_owners(tree.view, optimizer):
-            collection, element = _comprehension_source(tree, optimizer, owner)
+            collection, element = ranged_collection(tree, optimizer, owner) or (None, None)
             if collection is not None:
                 binding = _binding(tree, collection, optimizer)
                 if binding is not None and collection.isidentifier():
@@ -574,43 +576,17 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict)
             resolved = _resolve_owner(tree, owner, optimizer)
             if resolved is None:
                 line = _first_line(tree.code(tree.statement(optimizer)))
+                # `net` of `for net in nets` is not built anywhere: `nets` is.
+                built = f"models of `{collection}`" if collection else f"model `{owner}`"
                 raise NotMigrated(
                     Shape.UNKNOWN,
-                    f"cannot find where the model `{owner}` trained by `{line}` is built in "
-                    "this file; wrap it in DistributedDataParallel where it is built",
+                    f"cannot find where the {built} trained by `{line}` "
+                    f"{'are' if collection else 'is'} built in this file; wrap "
+                    f"{'each' if collection else 'it'} in DistributedDataParallel where "
+                    f"{'they are' if collection else 'it is'} built",
                 )
             found.append(resolved)
     return found
-
-
-def _comprehension_source(tree: Tree, optimizer: cst.Call, owner: str):
-    """(`nets`, `net`) when `optimizer` is built in a comprehension `for net in nets`;
-    (`nets`, `name, net`) for `for name, net in nets.items()`; else (None, None)."""
-    current = tree.parent.get(optimizer)
-    while current is not None and not isinstance(current, cst.BaseStatement):
-        if isinstance(current, (cst.ListComp, cst.GeneratorExp, cst.DictComp)):
-            clause = current.for_in
-            if isinstance(clause.target, cst.Name) and clause.target.value == owner:
-                return dotted(clause.iter), owner
-            pair = _key_and_value(clause)
-            if pair is not None and pair[1] == owner:
-                return pair[2], f"{pair[0]}, {pair[1]}"
-        current = tree.parent.get(current)
-    return None, None
-
-
-def _key_and_value(clause: cst.CompFor) -> tuple[str, str, str] | None:
-    """(`name`, `net`, `nets`) for `for name, net in nets.items()`."""
-    names = clause.target.elements if isinstance(clause.target, cst.Tuple) else []
-    call = clause.iter
-    if len(names) != 2 or not all(isinstance(e.value, cst.Name) for e in names):
-        return None
-    if not (isinstance(call, cst.Call) and not call.args and isinstance(call.func, cst.Attribute)):
-        return None
-    source = dotted(call.func.value)
-    if call.func.attr.value != "items" or source is None:
-        return None
-    return names[0].value.value, names[1].value.value, source  # type: ignore[attr-defined]
 
 
 def _resolve_owner(tree: Tree, owner: str, near: cst.CSTNode):
