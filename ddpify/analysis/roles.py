@@ -314,6 +314,44 @@ def _backward_calls(view) -> list[cst.Call]:
     return view.find(cst.Call, lambda c: method_name(c) == "backward")
 
 
+def training_functions(tree: Tree) -> frozenset[str]:
+    """Names of the project's functions and methods whose call may run a training step:
+    those that call backward, and those that call one of them (`trainer.run_epoch(...)`
+    in a `print`): such a call must run on every rank."""
+
+    def compute() -> frozenset[str]:
+        view = tree.view
+        found = set()
+        for call in _backward_calls(view):
+            func = view.function(call)
+            if func is not None:
+                found.add(func.name.value)
+        grew = True
+        while grew:
+            grew = False
+            for func in view.find(cst.FunctionDef, lambda f: f.name.value not in found):
+                if any(_callee(c) in found for c in view.within(func, cst.Call)):
+                    found.add(func.name.value)
+                    grew = True
+        return frozenset(found)
+
+    return view_cached(tree.view, "training_functions", compute)
+
+
+def _callee(call: cst.Call) -> str | None:
+    name = dotted(call.func)
+    return name.rsplit(".", 1)[-1] if name else None
+
+
+def calls_training(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
+    """The first call in `node` of a function that may run a training step, if any."""
+    trains = training_functions(tree)
+    for call in tree.within(node, cst.Call):
+        if _callee(call) in trains:
+            return call
+    return None
+
+
 def training_loops(tree: Tree) -> list[cst.For | cst.While]:
     """The loops of this module that run the backward pass (`for`, or a `while` step loop
     not inside a `for` over the data), also through a step helper they call (defined in
@@ -424,6 +462,7 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
     for call in tree.calls_to(DATA_LOADER):
         names = _names_of_loader(tree, call)
         if names & loader_names:
+            names -= _evaluation_results(tree, call, loader_names)
             loaders.append(Loader(call, names | _aliases_in_loops(tree, loops, names)))
     found = {n for loader in loaders for n in loader.names}
     for loop in loops:
@@ -441,6 +480,18 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
         elif all(outer.call is not known.call for known in loaders):
             loaders.append(outer)
     return _loaders_fed_by_next(tree, loaders, still)
+
+
+def _evaluation_results(tree, call: cst.Call, trained: set[str]) -> set[str]:
+    """The names a loader helper's other results land in, when one of them feeds a
+    training loop (`self.train_loader = build_loader(...)`) and these feed none
+    (`self.dev_loader = build_loader(...)`, iterated under `no_grad` to evaluate): one
+    DataLoader call builds both, but only the first trains, so only it is the training
+    loader's name (its set_epoch, its dataset's name)."""
+    results = {name for _, name in helper_results(tree, call)}
+    if not results & trained:
+        return set()  # no call site keeps the training loader: nothing to tell apart
+    return results - trained
 
 
 def _aliases_in_loops(tree, loops: list[cst.For], names: set[str]) -> set[str]:
@@ -785,16 +836,22 @@ def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
         return set()
     if name.startswith("self."):
         return _attribute_sources(tree, func, name)
-    return _parameter_sources(tree, func, name)
+    return _parameter_sources(tree, func, name, _training_flags(tree, func, loop))
 
 
-def _parameter_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
-    found = {dotted(value) for value in _parameter_arguments(tree, func, name)}
+def _parameter_sources(
+    tree, func: cst.FunctionDef, name: str, flags: dict[str, bool] | None = None
+) -> set[str]:
+    found = {dotted(value) for value in _parameter_arguments(tree, func, name, flags)}
     return found - {None}  # type: ignore[return-value]
 
 
-def _parameter_arguments(tree, func: cst.FunctionDef, name: str) -> list[cst.BaseExpression]:
-    """What the callers of `func` pass for its parameter `name`, as written."""
+def _parameter_arguments(
+    tree, func: cst.FunctionDef, name: str, flags: dict[str, bool] | None = None
+) -> list[cst.BaseExpression]:
+    """What the callers of `func` pass for its parameter `name`, as written; with `flags`
+    (`_training_flags`), only the calls that train: `run_epoch(dev_loader,
+    train_mode=False)` passes an evaluation loader."""
     params = [p.name.value for p in func.params.params]
     if name not in params:
         return []
@@ -809,10 +866,51 @@ def _parameter_arguments(tree, func: cst.FunctionDef, name: str) -> list[cst.Bas
         callee = dotted(call.func)
         if callee is None or callee.rsplit(".", 1)[-1] != called:
             continue
+        if flags and not _call_trains(func, call, flags, offset):
+            continue
         arg = find_arg(call, name, index - offset)
         if arg is not None:
             found.append(arg.value)
     return found
+
+
+def _training_flags(tree, func: cst.FunctionDef, loop: cst.For) -> dict[str, bool]:
+    """Parameters of `func` that switch the step in `loop` on, and the value that does:
+    `{"train_mode": True}` when every backward of the loop is under `if train_mode:`
+    (`False` for `if not evaluate:`). One loop that trains or evaluates, as its caller
+    says (`run_epoch(loader, train_mode=False)` evaluates)."""
+    params = {p.name.value for p in func.params.params}
+    backwards = [c for c in tree.within(loop, cst.Call) if method_name(c) == "backward"]
+    flags: dict[str, bool] | None = None
+    for call in backwards:
+        here = {}
+        node = tree.parent.get(call)
+        while node is not None and node is not loop:
+            if isinstance(node, cst.If):
+                test, value = node.test, True
+                if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                    test, value = test.expression, False
+                if isinstance(test, cst.Name) and test.value in params:
+                    here[test.value] = value
+            node = tree.parent.get(node)
+        flags = here if flags is None else {k: v for k, v in flags.items() if here.get(k) == v}
+    return flags or {}
+
+
+def _call_trains(
+    func: cst.FunctionDef, call: cst.Call, flags: dict[str, bool], offset: int
+) -> bool:
+    """Whether `call` of `func` passes (or leaves at its default) the value of every flag
+    that trains; a flag given as anything but a True/False literal may train."""
+    params = list(func.params.params)
+    for name, trains in flags.items():
+        index = next(i for i, p in enumerate(params) if p.name.value == name)
+        arg = find_arg(call, name, index - offset)
+        value = arg.value if arg is not None else params[index].default
+        if isinstance(value, cst.Name) and value.value in ("True", "False"):
+            if (value.value == "True") != trains:
+                return False
+    return True
 
 
 def _attribute_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:

@@ -34,6 +34,7 @@ from ddpify.migrate.analyze import (
     NotMigrated,
     Plan,
     Shape,
+    bound_target,
     hand_made_batches,
     optimizer_calls,
     train_loaders,
@@ -268,14 +269,28 @@ def _none_test_of(expr: cst.BaseExpression) -> str | None:
 
 def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
     """`DataLoader(TensorDataset(x, y), ...)`: the sampler needs the same dataset object."""
-    target = next(iter(sorted(loader.names)), "train")
+    name = _dataset_name(tree, loader)
+    edits.before[statement].append(snippets.statement(f"{name} = {tree.code(dataset.value)}"))
+    edits.replace(dataset.value, snippets.expression(name))
+    plan.change(NAME, "named the training dataset so the sampler and loader share it", f"{name} = ")
+    return name
+
+
+def _dataset_name(tree: Tree, loader: Loader) -> str:
+    """A name for the loader's dataset where the loader is built: `train_dataset` beside
+    `train_loader = DataLoader(...)` (`self.train_dataset` beside `self.train_loader`); a
+    helper that returns the loader (`return DataLoader(...)`, kept in `self.train_loader`
+    and in `self.dev_loader` by its callers) gets a local `dataset`, never a caller's
+    `self.` attribute, which the helper cannot reach."""
+    target = bound_target(tree, loader.call)
+    if target is None:
+        func = tree.view.function(loader.call)
+        taken = names_in(func) if func is not None else set()
+        return next(n for n in ("dataset", "loader_dataset", "dataset_") if n not in taken)
     prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
     name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
     if "." in target:
         name = f"{target.rsplit('.', 1)[0]}.{name}"
-    edits.before[statement].append(snippets.statement(f"{name} = {tree.code(dataset.value)}"))
-    edits.replace(dataset.value, snippets.expression(name))
-    plan.change(NAME, "named the training dataset so the sampler and loader share it", f"{name} = ")
     return name
 
 

@@ -15,6 +15,7 @@ import libcst as cst
 from ddpify.analysis.batches import model_calls
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import calls_training
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan, backward_calls, model_names, training_loops
@@ -192,6 +193,16 @@ def _needs_guard(tree: Tree, plan: Plan, stmt: cst.BaseStatement, rank: str) -> 
         )
         return False
     if tree.function(stmt) is None and not _after_rank(tree, stmt, rank):
+        return False
+    trains = calls_training(tree, stmt)
+    if trains is not None:
+        # Guarded, rank 0 alone would train: the others wait in its all-reduce.
+        plan.needs_human(
+            f"this calls `{tree.code(trains.func)}`, which runs a training step, so it is left "
+            "on every rank: compute the value on every rank and log it under "
+            f"`if {rank} == 0:`",
+            tree.code(stmt),
+        )
         return False
     if _has_buffers(tree) and model_calls(stmt, model_names(tree)):
         # DDP's forward broadcasts the buffers to every rank: on rank 0 alone it would hang.
