@@ -150,6 +150,20 @@ def test_a_print_that_runs_a_model_with_buffers_stays_on_every_rank():
     assert any("DDP053" in item.why for item in result.needs_human)
 
 
+def test_a_print_that_calls_a_function_running_a_model_with_buffers_stays_on_every_rank():
+    """`print(evaluate())` runs the model's forward inside `evaluate`: the same hang."""
+    source = HEADER.replace("torch.nn.Linear(2, 1)", "torch.nn.Sequential(torch.nn.BatchNorm1d(2))")
+    source += (
+        "def evaluate():\n    with torch.no_grad():\n        return model(x).mean().item()\n\n\n"
+        "for epoch in range(2):\n    for x, y in loader:\n"
+        "        ((model(x) - y) ** 2).mean().backward()\n        opt.step()\n"
+        "    print(evaluate())\n"
+    )
+    result = migrate(source)
+    assert "    print(evaluate())\n" in result.output and "RANK == 0" not in result.output
+    assert any("DDP053" in item.why for item in result.needs_human)
+
+
 # -- the empty sampler slot --------------------------------------------------------------
 
 

@@ -144,6 +144,9 @@ def test_a_loop_that_pulls_its_batch_each_step_is_never_called_full_batch():
     # The real obstacle: the loader's own weighted draw, which a DistributedSampler replaces.
     assert "DataLoader in `make_loader`" in reason
     assert "WeightedRandomSampler((1.0 / counts)[labels], len(labels))" in reason
+    # `indices[RANK::WORLD_SIZE]` shares unequally when the count does not divide: a hang.
+    assert "`indices[RANK::WORLD_SIZE]`" in reason and "unequal shares" in reason
+    assert "different numbers of steps" in reason and "drop the remainder" in reason
 
 
 def test_a_set_numbered_in_its_order_is_named_as_data_that_differs_by_rank():
@@ -194,3 +197,9 @@ def test_a_sharded_step_still_says_its_loss_is_rank_zeros_shard():
     result = migrate_case("single_toplevel")
     shard = [item for item in result.needs_human if "DDP054" in item.why]
     assert shard and all("rank 0's shard only" in item.why for item in shard)
+
+
+def test_the_advice_to_split_a_full_batch_says_unequal_shares_keep_the_mean():
+    result = migrate_case("full_batch_graph")
+    advice = next(item.why for item in result.needs_human if item.why.startswith("replicated"))
+    assert "`X[RANK::WORLD_SIZE]`" in advice and "does not divide by WORLD_SIZE" in advice

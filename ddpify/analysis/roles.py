@@ -19,7 +19,7 @@ from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
+from ddpify.analysis.trained import PARAMETER_METHODS, collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.unsplittable import unsplittable_step
 from ddpify.walk import children
@@ -132,7 +132,7 @@ def trained_owners(view, optimizer: cst.Call) -> list[str]:
     arguments, or `model` in `AdamW(model.get_parameters())` when a class of the script
     (or project) defines `get_parameters` over its own `self.parameters()` /
     `self.named_parameters()` (parameter groups built by the model itself)."""
-    owners = parameter_owners(optimizer)
+    owners = parameter_owners(optimizer) + collection_owners(optimizer)
     if owners:
         return owners
     first = find_arg(optimizer, "params", 0)
@@ -318,24 +318,32 @@ def training_functions(tree: Tree) -> frozenset[str]:
     """Names of the project's functions and methods whose call may run a training step:
     those that call backward, and those that call one of them (`trainer.run_epoch(...)`
     in a `print`): such a call must run on every rank."""
+    view = tree.view
+    return view_cached(view, "training_functions", lambda: _reaching(view, _backward_calls(view)))
+
+
+def forward_functions(tree: Tree) -> frozenset[str]:
+    """Names of the project's functions and methods whose call may run a model's forward
+    (`self.evaluate()` over `self.model(x)`), directly or through another one."""
 
     def compute() -> frozenset[str]:
-        view = tree.view
-        found = set()
-        for call in _backward_calls(view):
-            func = view.function(call)
-            if func is not None:
-                found.add(func.name.value)
-        grew = True
-        while grew:
-            grew = False
-            for func in view.find(cst.FunctionDef, lambda f: f.name.value not in found):
-                if any(_callee(c) in found for c in view.within(func, cst.Call)):
-                    found.add(func.name.value)
-                    grew = True
-        return frozenset(found)
+        models = model_names(tree)
+        return _reaching(tree.view, tree.view.find(cst.Call, lambda c: dotted(c.func) in models))
 
-    return view_cached(tree.view, "training_functions", compute)
+    return view_cached(tree.view, "forward_functions", compute)
+
+
+def _reaching(view, calls: list[cst.Call]) -> frozenset[str]:
+    """The functions that hold one of `calls`, and those that call one of them, by name."""
+    found = {func.name.value for func in map(view.function, calls) if func is not None}
+    grew = True
+    while grew:
+        grew = False
+        for func in view.find(cst.FunctionDef, lambda f: f.name.value not in found):
+            if any(_callee(c) in found for c in view.within(func, cst.Call)):
+                found.add(func.name.value)
+                grew = True
+    return frozenset(found)
 
 
 def _callee(call: cst.Call) -> str | None:
@@ -346,10 +354,13 @@ def _callee(call: cst.Call) -> str | None:
 def calls_training(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
     """The first call in `node` of a function that may run a training step, if any."""
     trains = training_functions(tree)
-    for call in tree.within(node, cst.Call):
-        if _callee(call) in trains:
-            return call
-    return None
+    return next((c for c in tree.within(node, cst.Call) if _callee(c) in trains), None)
+
+
+def calls_forward(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
+    """The first call in `node` of a function that may run a model's forward, if any."""
+    forwards = forward_functions(tree)
+    return next((c for c in tree.within(node, cst.Call) if _callee(c) in forwards), None)
 
 
 def training_loops(tree: Tree) -> list[cst.For | cst.While]:

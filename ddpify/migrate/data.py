@@ -278,20 +278,22 @@ def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
 
 def _dataset_name(tree: Tree, loader: Loader) -> str:
     """A name for the loader's dataset where the loader is built: `train_dataset` beside
-    `train_loader = DataLoader(...)` (`self.train_dataset` beside `self.train_loader`); a
-    helper that returns the loader (`return DataLoader(...)`, kept in `self.train_loader`
-    and in `self.dev_loader` by its callers) gets a local `dataset`, never a caller's
-    `self.` attribute, which the helper cannot reach."""
-    target = bound_target(tree, loader.call)
-    if target is None:
-        func = tree.view.function(loader.call)
-        taken = names_in(func) if func is not None else set()
-        return next(n for n in ("dataset", "loader_dataset", "dataset_") if n not in taken)
+    `train_loader = DataLoader(...)` (`self.train_dataset` beside `self.train_loader`). A
+    helper that returns the loader (`return DataLoader(...)`, kept by its callers in
+    `self.train_loader`) gets a local name, never a caller's `self.` attribute, which the
+    helper cannot reach, nor a name the helper already uses; `dataset` when it builds the
+    evaluation loaders too."""
+    bound = bound_target(tree, loader.call)
+    target = bound or next(iter(sorted(loader.names)), "train")
     prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
     name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
-    if "." in target:
-        name = f"{target.rsplit('.', 1)[0]}.{name}"
-    return name
+    if bound is not None:
+        return f"{target.rsplit('.', 1)[0]}.{name}" if "." in target else name
+    func = tree.view.function(loader.call)
+    taken = names_in(func) if func is not None else set()
+    if any(kept not in loader.names for _, kept in helper_results(tree, loader.call)):
+        taken.add(name)  # the helper builds evaluation loaders too: not `train_dataset`
+    return next(n for n in (name, "dataset", "loader_dataset") if n not in taken)
 
 
 def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:

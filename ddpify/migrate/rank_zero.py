@@ -15,7 +15,7 @@ import libcst as cst
 from ddpify.analysis.batches import model_calls
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.roles import calls_training
+from ddpify.analysis.roles import calls_forward, calls_training
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan, backward_calls, model_names, training_loops
@@ -204,7 +204,8 @@ def _needs_guard(tree: Tree, plan: Plan, stmt: cst.BaseStatement, rank: str) -> 
             tree.code(stmt),
         )
         return False
-    if _has_buffers(tree) and model_calls(stmt, model_names(tree)):
+    forward = model_calls(stmt, model_names(tree)) or calls_forward(tree, stmt)
+    if _has_buffers(tree) and forward:
         # DDP's forward broadcasts the buffers to every rank: on rank 0 alone it would hang.
         plan.needs_human(
             "this runs the model's forward, which every rank must run under DDP (it syncs "

@@ -21,7 +21,7 @@ from ddpify.analysis.roles import (
     trained_model_names,
     trained_owners,
 )
-from ddpify.analysis.trained import parameter_owners
+from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, mentions
 from ddpify.analysis.wrappers import innermost, records_gradients
 from ddpify.migrate import snippets
@@ -567,6 +567,8 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict)
     for optimizer in optimizers:
         for owner in trained_owners(tree.view, optimizer):
             collection, element = ranged_collection(tree, optimizer, owner) or (None, None)
+            if owner in collection_owners(optimizer):  # `Adam(nets["g"].parameters())`
+                collection, element = owner, _item_names(tree, owner, optimizer)
             if collection is not None:
                 binding = _binding(tree, collection, optimizer)
                 if binding is not None and collection.isidentifier():
@@ -587,6 +589,41 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict)
                 )
             found.append(resolved)
     return found
+
+
+# Calls that build a plain dict (`dict(g=G(), d=D())`): a dict comprehension rebuilds it
+# alike. Others (`Munch`, `nn.ModuleDict`) would lose their type.
+DICT_CALLS = frozenset({"dict", "OrderedDict"})
+
+
+def _item_names(tree: Tree, collection: str, optimizer: cst.Call) -> str:
+    """The names a comprehension over `collection` binds, to wrap each of its models:
+    `name, net` (over `.items()`) for a dict, `net` for a list; refused for a container
+    a comprehension would not rebuild."""
+    binding = _binding(tree, collection, optimizer)
+    small = _small(binding) if binding is not None else None
+    value = small.value if isinstance(small, cst.Assign) else None
+    if isinstance(value, (cst.Dict, cst.DictComp)):
+        return "name, net"
+    if isinstance(value, (cst.List, cst.ListComp)):
+        return "net"
+    callee = (dotted(value.func) or "") if isinstance(value, cst.Call) else ""
+    if callee.rsplit(".", 1)[-1] in DICT_CALLS:
+        return "name, net"
+    line = _first_line(tree.code(tree.statement(optimizer)))
+    built = f"`{_first_line(tree.code(binding))}`" if binding is not None else "no assignment"
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"the models trained by `{line}` are items of `{collection}` ({built} in this file), "
+        "which ddpify wraps one by one only in a list or a dict; wrap each model in "
+        "DistributedDataParallel where it is put in",
+    )
+
+
+def _small(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
 
 
 def _resolve_owner(tree: Tree, owner: str, near: cst.CSTNode):
@@ -662,6 +699,8 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
     small = stmt.body[0]
     if isinstance(small, cst.Assign) and any(dotted(t.target) == target for t in small.targets):
         return True
+    if isinstance(small, cst.Assign) and any(_item_of(t.target, target) for t in small.targets):
+        return True  # `nets["d"] = Discriminator()` fills the dict of models
     for call in tree.within(stmt, cst.Call):
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
         if (
@@ -677,6 +716,10 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
         not parameter_owners(call) and target in trained_owners(tree.view, call)
         for call in tree.within(stmt, cst.Call)
     )
+
+
+def _item_of(expr: cst.BaseExpression, target: str) -> bool:
+    return isinstance(expr, cst.Subscript) and dotted(expr.value) == target
 
 
 def _is_or_holds(name: str | None, target: str) -> bool:
