@@ -258,3 +258,13 @@ def test_models_in_a_container_a_comprehension_cannot_rebuild_are_refused_naming
     assert not result.migrated
     assert "are items of `models` (`models = Munch()` in this file)" in result.reason
     assert "only in a list or a dict" in result.reason
+
+
+def test_an_item_of_a_wrapped_dict_saves_the_models_own_keys():
+    """Each item is a DDP wrapper after the wrap: its state_dict goes through `.module`,
+    or the checkpoint's keys gain a `module.` prefix (DDP051)."""
+    save = '        torch.save(models["encoder"].state_dict(), "encoder.pt")\n'
+    source = DICT_FIXTURE.replace("        print(f", save + "        print(f")
+    result = migrate(source)
+    assert 'torch.save(models["encoder"].module.state_dict(), "encoder.pt")' in result.output
+    assert migrate(result.output).output == result.output

@@ -132,9 +132,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
         wrapped += [pair for pair in stored_models(tree) if pair[0] not in dict(wrapped)]
     # Wraps the script already had stay where they are, perhaps on one branch only.
     in_place = {id(tree.statement(call)) for call in tree.calls_to(DDP)}
-    # A list or dict of wrapped models has no module attributes (`nets.items()`).
+    # A list or dict of wrapped models has no module attributes (`nets.items()`); its
+    # items do (`nets["g"].state_dict()`).
     modules = [pair for pair in wrapped if pair[0] not in lists]
     _through_module(tree, plan, edits, modules, in_place)
+    _items_through_module(tree, plan, edits, [pair for pair in wrapped if pair[0] in lists])
     if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
         _received_from_other_modules(tree, plan, edits)
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
@@ -778,6 +780,27 @@ def _through_module(
                     "prefix; strip the prefix when loading old checkpoints",
                     f".module.{attr.attr.value}",
                 )
+
+
+def _items_through_module(tree: Tree, plan: Plan, edits: Edits, collections: list) -> None:
+    """`nets["g"].state_dict()` after each model of `nets` was wrapped: the item is a DDP
+    wrapper now, so its own attributes are read through `.module` (a checkpoint keeps the
+    model's keys, without the `module.` prefix)."""
+    for name, statement in collections:
+        container = tree.scope(statement)
+        for attr in tree.find(cst.Attribute, lambda a, name=name: _item_of(a.value, name)):
+            later = tree.after(attr, statement) and not tree.inside(attr, statement)
+            if not later or tree.scope(attr) is not container or attr.attr.value in MODULE_API:
+                continue
+            item = tree.code(attr.value)
+            edits.replace(attr.value, snippets.expression(f"{item}.module"))
+            code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
+            plan.change(
+                NAME,
+                f"{item}.{attr.attr.value} -> {item}.module.{attr.attr.value}",
+                f".module.{attr.attr.value}",
+                code,
+            )
 
 
 def _branch_of(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
