@@ -34,6 +34,15 @@ def test_a_helper_built_dev_loader_is_not_a_name_of_the_training_loader():
     assert "self.dev_loader" not in loaders[0].names
 
 
+def test_a_helper_result_nothing_shows_to_evaluate_stays_a_name_of_the_training_loader():
+    """Only a result a non-training loop iterates, or named as evaluation data, is set
+    apart: another may reach the step under a name the analysis does not follow."""
+    text = before("trainer_shared_loader_helper").replace("self.dev_loader", "self.aux_loader")
+    text = text.replace("for x, y in self.aux_loader:", "for x, y in self.train_loader:")
+    loaders, _ = train_loaders(Tree(cst.parse_module(text)))
+    assert {"self.train_loader", "self.aux_loader"} <= loaders[0].names
+
+
 def test_the_training_loader_of_a_shared_helper_reshuffles_and_the_dev_one_is_reported():
     result = migrate("trainer_shared_loader_helper")
     out = result.output

@@ -17,6 +17,7 @@ import libcst as cst
 
 from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker_of, unwrap
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
+from ddpify.analysis.evaluation import looks_like_eval
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.trained import PARAMETER_METHODS, collection_owners, parameter_owners
@@ -498,11 +499,30 @@ def _evaluation_results(tree, call: cst.Call, trained: set[str]) -> set[str]:
     training loop (`self.train_loader = build_loader(...)`) and these feed none
     (`self.dev_loader = build_loader(...)`, iterated under `no_grad` to evaluate): one
     DataLoader call builds both, but only the first trains, so only it is the training
-    loader's name (its set_epoch, its dataset's name)."""
+    loader's name (its set_epoch, its dataset's name). Only a name shown to evaluate
+    counts: one a loop that does not train iterates, or one that reads as evaluation
+    data (`val_loader`); another may still reach the step under a name not followed."""
     results = {name for _, name in helper_results(tree, call)}
     if not results & trained:
         return set()  # no call site keeps the training loader: nothing to tell apart
-    return results - trained
+    evaluated = _evaluation_loop_sources(tree)
+    return {name for name in results - trained if name in evaluated or looks_like_eval(name)}
+
+
+def _evaluation_loop_sources(tree) -> set[str]:
+    """The names the loops that do not train iterate, and what their callers pass for
+    them (`vali(vali_data, test_loader, criterion)` looping over `vali_loader`)."""
+
+    def compute() -> frozenset[str]:
+        training = {id(loop) for loop in _training_loops(tree.view)}
+        found: set[str] = set()
+        for loop in tree.view.find(cst.For, lambda node: id(node) not in training):
+            name = iterated_name(loop, tree.view)
+            if name is not None:
+                found |= {name} | _arguments_for(tree.view, loop, name)
+        return frozenset(found)
+
+    return set(view_cached(tree.view, "evaluation_loop_sources", compute))
 
 
 def _aliases_in_loops(tree, loops: list[cst.For], names: set[str]) -> set[str]:
