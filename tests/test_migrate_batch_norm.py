@@ -252,12 +252,18 @@ def test_a_dict_built_by_a_dict_call_is_wrapped_alike():
 
 
 def test_models_in_a_container_a_comprehension_cannot_rebuild_are_refused_naming_it():
-    """A `Munch` (attribute access) or `nn.ModuleDict` would turn into a plain dict."""
-    source = DICT_FIXTURE.replace("    models = {}\n", "    models = Munch()\n")
-    result = migrate_source("from munch import Munch\n" + source, "t.py")
+    """An `nn.ModuleDict` is a module of its own: rebuilt, its keys would change."""
+    source = DICT_FIXTURE.replace("    models = {}\n", "    models = nn.ModuleDict()\n")
+    result = migrate_source(source, "t.py")
     assert not result.migrated
-    assert "are items of `models` (`models = Munch()` in this file)" in result.reason
+    assert "are items of `models` (`models = nn.ModuleDict()` in this file)" in result.reason
     assert "only in a list or a dict" in result.reason
+
+
+def test_a_munch_of_models_is_given_back_to_its_class():
+    source = DICT_FIXTURE.replace("    models = {}\n", "    models = Munch()\n")
+    out = migrate("from munch import Munch\n" + source).output
+    assert "    models = Munch({name: DDP(net, device_ids=" in out
 
 
 def test_an_item_of_a_wrapped_dict_saves_the_models_own_keys():
@@ -268,3 +274,14 @@ def test_an_item_of_a_wrapped_dict_saves_the_models_own_keys():
     result = migrate(source)
     assert 'torch.save(models["encoder"].module.state_dict(), "encoder.pt")' in result.output
     assert migrate(result.output).output == result.output
+
+
+def test_a_dict_with_attribute_access_is_rebuilt_in_its_class():
+    """`nets = AttrDict(encoder=..., head=...)` with optimizers over `nets.encoder`: the
+    models are items, not attributes of one model; `nets = DDP(nets)` would fail on a
+    dict. Each is wrapped and the dict given back to its class, so `nets.encoder` reads."""
+    before = (FIXTURES / "migrate" / "model_attrdict" / "before.py").read_text()
+    out = migrate(before).output
+    assert "    nets = AttrDict({name: DDP(net, find_unused_parameters=True) for name" in out
+    assert "DDP(nets" not in out and "nets.module" not in out
+    assert "torch.save(nets.encoder.module.state_dict()," in out
