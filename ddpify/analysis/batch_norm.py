@@ -61,7 +61,7 @@ def names_batch_norm(tree) -> bool:
 def holds_batch_norm(tree, target: str) -> bool | None:
     """Whether the model (or list, dict of models) bound to `target` may hold BatchNorm:
     the values assigned to `target` anywhere in the project, combined."""
-    values = _bindings(tree.view).get(target, [])
+    values = _filled(_bindings(tree.view).get(target, []))
     if not values:
         return None
     return _any([expression_holds_batch_norm(tree, value) for value in values])
@@ -71,7 +71,7 @@ def expression_holds_batch_norm(tree, expr: cst.BaseExpression, seen=None) -> bo
     view = tree.view
     seen = set() if seen is None else seen
     if isinstance(expr, (cst.List, cst.Tuple, cst.Set, cst.Dict)) and not expr.elements:
-        return None  # filled elsewhere (`nets = []` then `nets.append(Net())`)
+        return None  # filled elsewhere (`nets = []` then `nets.append(Net())`, `nets["g"] = G()`)
     if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
         return _any([expression_holds_batch_norm(tree, e.value, seen) for e in expr.elements])
     if isinstance(expr, cst.Dict):
@@ -90,7 +90,7 @@ def expression_holds_batch_norm(tree, expr: cst.BaseExpression, seen=None) -> bo
         return True
     if name in seen:
         return False  # already being answered higher up
-    values = _bindings(view).get(name, [])
+    values = _filled(_bindings(view).get(name, []))
     if not values:
         return None
     seen.add(name)
@@ -187,7 +187,9 @@ def _bindings(view) -> dict[str, list[cst.BaseExpression]]:
         found: dict[str, list[cst.BaseExpression]] = {}
         for assign in view.find(cst.Assign):
             for target in assign.targets:
-                name = dotted(target.target)
+                # `nets["g"] = Generator()` adds to `nets`
+                item = target.target
+                name = dotted(item.value if isinstance(item, cst.Subscript) else item)
                 if name:
                     found.setdefault(name, []).append(assign.value)
         for call in view.find(cst.Call):  # `nets.append(Net())` adds to `nets`
@@ -199,6 +201,14 @@ def _bindings(view) -> dict[str, list[cst.BaseExpression]]:
         return found
 
     return view_cached(view, "batch_norm_bindings", compute)
+
+
+def _filled(values: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """The values put in a collection, without the empty display it starts from (`nets =
+    {}` says nothing about what `nets["g"] = G()` puts in it)."""
+    empty = (cst.List, cst.Tuple, cst.Set, cst.Dict)
+    filled = [v for v in values if not (isinstance(v, empty) and not v.elements)]
+    return filled or values
 
 
 def _any(answers: list[bool | None]) -> bool | None:

@@ -35,6 +35,7 @@ from ddpify.migrate.analyze import (
     NotMigrated,
     Plan,
     Shape,
+    bound_target,
     hand_made_batches,
     optimizer_calls,
     train_loaders,
@@ -253,15 +254,31 @@ def _none_test_of(expr: cst.BaseExpression) -> str | None:
 
 def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
     """`DataLoader(TensorDataset(x, y), ...)`: the sampler needs the same dataset object."""
-    target = next(iter(sorted(loader.names)), "train")
-    prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
-    name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
-    if "." in target:
-        name = f"{target.rsplit('.', 1)[0]}.{name}"
+    name = _dataset_name(tree, loader)
     edits.before[statement].append(snippets.statement(f"{name} = {tree.code(dataset.value)}"))
     edits.replace(dataset.value, snippets.expression(name))
     plan.change(NAME, "named the training dataset so the sampler and loader share it", f"{name} = ")
     return name
+
+
+def _dataset_name(tree: Tree, loader: Loader) -> str:
+    """A name for the loader's dataset where the loader is built: `train_dataset` beside
+    `train_loader = DataLoader(...)` (`self.train_dataset` beside `self.train_loader`). A
+    helper that returns the loader (`return DataLoader(...)`, kept by its callers in
+    `self.train_loader`) gets a local name, never a caller's `self.` attribute, which the
+    helper cannot reach, nor a name the helper already uses; `dataset` when it builds the
+    evaluation loaders too."""
+    bound = bound_target(tree, loader.call)
+    target = bound or next(iter(sorted(loader.names)), "train")
+    prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
+    name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
+    if bound is not None:
+        return f"{target.rsplit('.', 1)[0]}.{name}" if "." in target else name
+    func = tree.view.function(loader.call)
+    taken = names_in(func) if func is not None else set()
+    if any(kept not in loader.names for _, kept in helper_results(tree, loader.call)):
+        taken.add(name)  # the helper builds evaluation loaders too: not `train_dataset`
+    return next(n for n in (name, "dataset", "loader_dataset") if n not in taken)
 
 
 def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
