@@ -19,6 +19,7 @@ from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
 from ddpify.analysis.evaluation import looks_like_eval
 from ddpify.analysis.loader_helpers import helper_results
+from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.trained import PARAMETER_METHODS, collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree
@@ -906,7 +907,7 @@ def distributed_sampler_value(
         branches = (expr.body, expr.orelse)
         found = any(distributed_sampler_value(tree, b, depth) is not None for b in branches)
         return expr if found else None
-    call = _innermost_call(expr)
+    call = unwrap_call_chain(expr)  # `DistributedSampler(...)` of `...(...).method()`
     if call is not None:
         return call if tree.view.qualify(call.func) == DIST_SAMPLER else None
     name = dotted(expr)
@@ -916,17 +917,6 @@ def distributed_sampler_value(
             if found is not None:
                 return found
     return None
-
-
-def _innermost_call(expr: cst.BaseExpression) -> cst.Call | None:
-    """`DistributedSampler(...)` of `DistributedSampler(...).method()`, else `expr`."""
-    while (
-        isinstance(expr, cst.Call)
-        and isinstance(expr.func, cst.Attribute)
-        and isinstance(expr.func.value, cst.Call)
-    ):
-        expr = expr.func.value
-    return expr if isinstance(expr, cst.Call) else None
 
 
 def already_distributed(tree: Tree, loop: cst.For | cst.While) -> bool:

@@ -787,7 +787,7 @@ def _through_module(
             if branch is not None and not tree.inside(attr, branch):
                 _note_wrapped_on_some_paths(tree, plan, name, statement, attr)
                 continue
-            edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
+            code = _read_through_module(tree, plan, edits, attr, name)
             if _bypasses_forward_in_step(tree, attr):
                 plan.needs_human(
                     f"`{name}.module.{attr.attr.value}(...)` runs part of the model outside "
@@ -796,13 +796,6 @@ def _through_module(
                     f"`{name}(...)` (a forward that takes a mode argument) (DDP033)",
                     f".module.{attr.attr.value}(",
                 )
-            code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
-            plan.change(
-                NAME,
-                f"{name}.{attr.attr.value} -> {name}.module.{attr.attr.value}",
-                f".module.{attr.attr.value}",
-                code,
-            )
             if plan.shape is Shape.DATA_PARALLEL and code == "DDP051":
                 plan.needs_human(
                     "checkpoints now hold the model's own keys, without DataParallel's `module.` "
@@ -832,15 +825,7 @@ def _items_through_module(
             later = tree.after(attr, statement) and not tree.inside(attr, statement)
             if not later or tree.scope(attr) is not container or attr.attr.value in MODULE_API:
                 continue
-            item = tree.code(attr.value)
-            edits.replace(attr.value, snippets.expression(f"{item}.module"))
-            code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
-            plan.change(
-                NAME,
-                f"{item}.{attr.attr.value} -> {item}.module.{attr.attr.value}",
-                f".module.{attr.attr.value}",
-                code,
-            )
+            _read_through_module(tree, plan, edits, attr, tree.code(attr.value))
 
 
 def _branch_of(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
@@ -872,6 +857,22 @@ def _note_wrapped_on_some_paths(
     )
 
 
+def _read_through_module(
+    tree: Tree, plan: Plan, edits: Edits, attr: cst.Attribute, shown: str
+) -> str:
+    """`x.state_dict` -> `x.module.state_dict` on a DDP wrapper `x`, and the report line;
+    the code of the pitfall it avoids."""
+    edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
+    code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
+    plan.change(
+        NAME,
+        f"{shown}.{attr.attr.value} -> {shown}.module.{attr.attr.value}",
+        f".module.{attr.attr.value}",
+        code,
+    )
+    return code
+
+
 def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
     """A helper module's functions handed the wrapped model (`save(model, path)` called
     from the entry script) reach its attributes through `.module` too."""
@@ -885,14 +886,7 @@ def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
             continue
         if _is_call_target_of_wrapper(tree, attr):
             continue
-        edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
-        code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
-        plan.change(
-            NAME,
-            f"{receiver}.{attr.attr.value} -> {receiver}.module.{attr.attr.value}",
-            f".module.{attr.attr.value}",
-            code,
-        )
+        _read_through_module(tree, plan, edits, attr, receiver)
 
 
 def _wrapper_names(tree: Tree, plan: Plan) -> set[str]:
