@@ -317,14 +317,18 @@ class RankZeroFacts:
     def is_guard_flag(self, name: str) -> bool:
         return self._flag_scope(name) is not None
 
-    def _flag_scope(self, name: str) -> Scope | None:
-        values = [
+    def assigned_anywhere(self, name: str) -> list[cst.BaseExpression]:
+        """Every value `name` is assigned in the file, in any scope (`x[k] = v` aside)."""
+        return [
             binding.value
             for (_, bound), bindings in self.bindings.items()
             if bound == name
             for binding in bindings
             if not binding.item
         ]
+
+    def _flag_scope(self, name: str) -> Scope | None:
+        values = self.assigned_anywhere(name)
         guards = [classify(value) for value in values]
         if not values or not all(g is not None and g[0] is Guard.RANK_ZERO for g in guards):
             return None
@@ -367,13 +371,7 @@ class RankZeroFacts:
         `cls` (`coco_eval = COCOeval(...)`; `coco_eval.evaluate()` is not `cls.evaluate`)."""
         if receiver is None or receiver in ("self", "cls"):
             return False
-        values = [
-            binding.value
-            for (_, name), bindings in self.bindings.items()
-            if name == receiver
-            for binding in bindings
-            if not binding.item
-        ]
+        values = self.assigned_anywhere(receiver)
         return bool(values) and all(
             isinstance(value, cst.Call)
             and (dotted(value.func) or "").rsplit(".", 1)[-1] not in ("", cls.name.value)
