@@ -14,6 +14,7 @@ from typing import Callable
 
 import libcst as cst
 
+from ddpify import splice
 from ddpify.analysis.project import ProjectView
 from ddpify.analysis.tree import Tree
 from ddpify.codegen import ModuleText
@@ -128,7 +129,10 @@ def _migrate_sources(
     for index, (name, plan) in enumerate(zip(names, plans)):
         output = stages[name][-1][1]
         if gates:
-            outputs.append(_in_file(name, several, check_compiles, output, "output"))
+            parse = _output_parser(modules[index], trees[index].module, render)
+            outputs.append(
+                _in_file(name, several, check_compiles, output, "output", "<output>", parse)
+            )
             ends = (modules[index], trees[index].module)
             _in_file(name, several, _gate_comments, stages[name], render, ends)
         results.append(_result(name, texts[name], output, plan))
@@ -139,6 +143,19 @@ def _migrate_sources(
     for result in results:
         result.locate()
     return results
+
+
+def _output_parser(before: cst.Module, after: cst.Module, render: ModuleText):
+    """`cst.parse_module` for the output, re-parsing only what the passes changed when
+    the module spliced from `before` (the input's parse) renders back to the text."""
+
+    def parse(text: str) -> cst.Module:
+        module = splice.splice_parse(before, after, text)
+        if module is not None and render.code(module) == text:
+            return module
+        return cst.parse_module(text)
+
+    return parse
 
 
 def link(trees: list[Tree]) -> list[Tree]:
