@@ -27,7 +27,8 @@ import dataclasses
 from collections.abc import Sequence
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState
+
+from ddpify.codegen import node_code
 
 # Compound statements whose body block is spliced (no else/except clauses to follow).
 _DESCENDED = (cst.FunctionDef, cst.ClassDef, cst.If, cst.For, cst.While, cst.With)
@@ -294,10 +295,7 @@ def _scaffold(indents: Sequence[str], style: _Style) -> str:
 
 def _code(node: cst.CSTNode, indents: Sequence[str], style: _Style) -> str:
     """The node's code at the indentation of a block `indents` deep."""
-    state = CodegenState(default_indent=style.indent, default_newline=style.newline)
-    state.indent_tokens = list(indents)
-    node._codegen(state)
-    return "".join(state.tokens)
+    return node_code(node, style.indent, style.newline, indents)
 
 
 def _lines(lines: Sequence[cst.EmptyLine], indents: Sequence[str], style: _Style) -> str:

@@ -6,6 +6,8 @@ a pass wrote still names the pass whose output does not compile."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import libcst as cst
 import pytest
 
@@ -86,6 +88,35 @@ def test_comments_counted_per_statement_are_the_whole_texts():
     assert render.comments(module) == comments(text)
     edited = module.with_changes(body=[*module.body[:2], statement("y = 2  # new\n")])
     assert render.comments(edited) == comments(edited.code)
+
+
+def test_lost_comments_count_only_the_statements_a_rewrite_changed():
+    text = (
+        "import torch  # trailing\n"
+        "# above f\n"
+        "def f():\n"
+        "    return 1  # one\n"
+        "    # footer of f\n"
+        "x = f()  # twice\n"
+        "y = f()  # twice\n"
+    )
+    module = cst.parse_module(text)
+    render = ModuleText()
+    # Drops `# one` and one `# twice`, keeps `# above f` on a new statement.
+    dropped = module.with_changes(
+        body=[module.body[0], statement("# above f\ndef f():\n    return 2\n"), module.body[2]]
+    )
+    # Moves `# trailing` onto a rewritten statement: nothing lost.
+    moved = module.with_changes(
+        body=[statement("import torch, os  # trailing\n"), *module.body[1:]]
+    )
+    for edited in (dropped, moved):
+        expected = comments(text) - comments(edited.code)
+        assert render.lost_comments(module, edited) == expected
+    assert render.lost_comments(module, dropped) == Counter(
+        {"# one": 1, "# footer of f": 1, "# twice": 1}
+    )
+    assert not render.lost_comments(module, moved)
 
 
 def _insert_first(code: str):

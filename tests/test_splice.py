@@ -178,8 +178,8 @@ def test_random_rewrites_splice_to_a_full_parse(variant):
         text = text.replace("    ", "\t")
     elif variant == "two spaces":
         text = text.replace("    ", "  ")
-    cases = _rewrites(text, seed=len(variant), count=40)
-    assert _check_all(cases) >= 30  # most rewrites splice; the rest are parsed whole
+    cases = _rewrites(text, seed=len(variant), count=30)
+    assert _check_all(cases) >= 20  # most rewrites splice; the rest are parsed whole
 
 
 def test_a_rewrite_inside_a_function_reparses_only_around_it():
