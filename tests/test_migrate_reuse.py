@@ -68,6 +68,29 @@ def test_a_tree_reusing_the_previous_walk_answers_as_a_fresh_one():
         assert list(reused.within(container)) == list(fresh.within(container))
 
 
+def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypatch):
+    """A pass rebuilds the path to its edit: the statements beside it inside a function
+    are the same objects, and the next tree copies their walk; two generations on, the
+    trees still answer as fresh ones."""
+    from ddpify.analysis import tree as tree_module
+
+    copied = []
+    real = tree_module._Segment._copy
+
+    def counting(self, node, *args):
+        copied.append(node)
+        return real(self, node, *args)
+
+    monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    first = Tree(cst.parse_module(SCRIPT))
+    second = Tree(_edited(first), previous=first)
+    assert copied  # the statements beside the guarded prints were not walked again
+    assert _answers(second) == _answers(Tree(second.module))
+    third_module = _edited(second)
+    third = Tree(third_module, previous=second)
+    assert _answers(third) == _answers(Tree(third_module))
+
+
 def test_comments_counted_per_statement_are_the_whole_texts():
     text = (
         "#!/usr/bin/env python\n"
