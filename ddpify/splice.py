@@ -57,7 +57,18 @@ def splice_parse(old: cst.Module, new: cst.Module, text: str) -> cst.Module | No
     """The module `cst.parse_module(text)` gives, where `old` is the parse of a text that
     a rewrite turned into `new`, whose code is `text`. None when the splice cannot
     vouch for some piece (parse the text whole then)."""
-    if not new.has_trailing_newline or not new.body or not old.body:
+    if not new.body or not old.body:
+        return None
+    if not new.has_trailing_newline and not old.has_trailing_newline:
+        # The parser reads a text without its last line break as the text with one,
+        # and says so in this flag.
+        unended = splice_parse(
+            old.with_changes(has_trailing_newline=True),
+            new.with_changes(has_trailing_newline=True),
+            text + _first_newline(text),
+        )
+        return None if unended is None else unended.with_changes(has_trailing_newline=False)
+    if not (new.has_trailing_newline and old.has_trailing_newline):
         return None
     style = _Style(_first_indent(new), _first_newline(text))
     if (style.indent, style.newline) != (old.default_indent, old.default_newline):
@@ -104,6 +115,9 @@ def _spliced_body(
         j = place[index]
         if j is None or not (_closed(statement) or _aligned_after(place, index, len(old))):
             continue
+        if index == 0 and j != 0:
+            continue  # now first: the module's header may take its leading lines
+
         if statement is old[j]:
             out[index] = statement
             continue
@@ -144,9 +158,10 @@ def _closed(statement: cst.BaseStatement) -> bool:
 
 def _aligned_after(place: list[int | None], i: int, old_length: int) -> bool:
     """Whether what follows the statement is what followed it before: its old next
-    statement, or the end of the block for both. (What precedes it needs no check: a
-    statement before it that is reused is closed or aligned, and one that is parsed
-    again is parsed with this statement's leading lines after it, see _parse_region.)"""
+    statement, or the end of the block for both. (What precedes it needs no check but
+    at the start of a block: a statement before it that is reused is closed or aligned,
+    and one that is parsed again is parsed with this statement's leading lines after
+    it, see _parse_region.)"""
     j = place[i]
     assert j is not None
     if i == len(place) - 1:

@@ -168,7 +168,7 @@ def test_migrations_of_the_fixtures_and_a_generated_script_splice_to_a_full_pars
 
 @pytest.mark.parametrize(
     "variant",
-    ["as written", "CRLF", "tabs", "two spaces"],
+    ["as written", "CRLF", "tabs", "two spaces", "no last line break"],
 )
 def test_random_rewrites_splice_to_a_full_parse(variant):
     text = AWKWARD
@@ -178,6 +178,8 @@ def test_random_rewrites_splice_to_a_full_parse(variant):
         text = text.replace("    ", "\t")
     elif variant == "two spaces":
         text = text.replace("    ", "  ")
+    elif variant == "no last line break":
+        text = text.rstrip("\n")
     cases = _rewrites(text, seed=len(variant), count=30)
     assert _check_all(cases) >= 20  # most rewrites splice; the rest are parsed whole
 
@@ -211,6 +213,21 @@ def test_a_rewrite_inside_a_function_reparses_only_around_it():
     # top-level statement is the input's own object.
     assert sum(len(source) for source in parsed) < 200
     assert sum(a is b for a, b in zip(module.body, old.body)) == len(old.body) - 1
+
+
+def test_a_statement_that_becomes_the_first_is_parsed_again():
+    """With the statement before it removed, the module's header may take the blank
+    lines above the (unchanged) class: the class is parsed again, not reused."""
+    text = "# licence\n\nimport enum\n\nclass Kind(enum.Enum):\n    a = 1\n\nb = 2\n"
+    old = cst.parse_module(text)
+    tree = Tree(old, text)
+    edits = Edits()
+    edits.removed.add(old.body[0])
+    new = edits.apply(old, tree.parent)
+    assert new.body[0] is old.body[1]
+    module = splice.splice_parse(old, new, new.code)
+    assert module is not None
+    _assert_parse_of(module, new.code)
 
 
 def test_the_checks_catch_a_splice_with_an_off_by_one(monkeypatch):
