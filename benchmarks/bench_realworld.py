@@ -71,6 +71,8 @@ class Outcome:
     python: str = "-"
     torchrun: str = "-"
     verify: str = "-"  # match / mismatch / inconclusive
+    # what verify judged against: "one-process", or "per-rank" (the original run as DDP)
+    reference: str = ""
     why: str = ""
     seconds: float = 0.0
     details: dict = field(default_factory=dict)
@@ -277,6 +279,7 @@ class Runner:
             report.pop("original_output", None)
             report.pop("converted_output", None)
             outcome.details["verify"] = report
+            outcome.reference = report.get("reference") or ""
             reason = report.get("message") or ""
             if report.get("inconclusive"):
                 reason += f" ({'; '.join(map(str, report['inconclusive']))[:200]})"
@@ -315,18 +318,25 @@ def summary(outcomes: list[Outcome]) -> str:
     migrated = sum(o.migrated for o in outcomes)
     torchrun = sum(o.migrated and o.torchrun == "ok" for o in outcomes)
     verified = sum(o.verify == "match" for o in outcomes)
+    per_rank = sum(o.verify == "match" and o.reference == "per-rank" for o in outcomes)
     refused = sum(o.migrate == "refused" for o in outcomes)
     wrong = sum(o.wrong for o in outcomes)
     return (
-        f"migrated {migrated}/{n}, ran under torchrun {torchrun}/{n}, verified {verified}/{n}, "
+        f"migrated {migrated}/{n}, ran under torchrun {torchrun}/{n}, verified {verified}/{n} "
+        f"({per_rank} against the per-rank reference), "
         f"refused-with-reason {refused}/{n}, wrong {wrong}/{n}"
     )
+
+
+def verdict(o: Outcome) -> str:
+    """verify's verdict, `match/per-rank` where it matched the original run as DDP."""
+    return o.verify + ("/per-rank" if o.reference == "per-rank" else "")
 
 
 def line(o: Outcome) -> str:
     cells = (
         f"{o.id:<24} orig={o.original:<7} migrate={o.migrate:<8} python={o.python:<7} "
-        f"torchrun={o.torchrun:<7} verify={o.verify:<12} {o.seconds:>6.0f}s"
+        f"torchrun={o.torchrun:<7} verify={verdict(o):<15} {o.seconds:>6.0f}s"
     )
     return cells + (f"  {o.why}" if o.why else "")
 

@@ -18,6 +18,7 @@ from ddpify.analysis.guards import Scope, judging_calls_with, rank_zero_scope, r
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
+from ddpify.analysis.tree import Tree
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
@@ -48,6 +49,23 @@ class Context:
         self.local = LocalFunctions(filename)
         self._judged: dict[int, Scope | None] = {}
         self._functions: dict[str, cst.FunctionDef] | None = None
+        self._tree: Tree | None = None
+        # Each node's parent, filled in by the engine's walk (pre-order).
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+
+    @property
+    def tree(self) -> Tree:
+        """The file as `ddpify/analysis/` reads it for migrate too (roles, epochs, ...):
+        a rule asks the one analysis over it instead of re-deriving a fact. Made on the
+        first question, from the engine's walk once it is complete (in `leave_Module`:
+        no second walk), so a file no rule asks about pays nothing for it."""
+        if self._tree is None:
+            walked = len(self.ancestors) <= 1 and (self.parents or not self.module.body)
+            if walked:
+                self._tree = Tree.from_walk(self.module, self.parents)
+            else:  # asked in the middle of the walk: a walk of its own
+                return Tree(self.module)
+        return self._tree
 
     def local_function(self, qualified: str) -> LocalFunction | None:
         """The definition of an imported helper (`utils.save_checkpoint`) in a local module
@@ -139,7 +157,7 @@ class _Dispatcher:
         self.context = context
         self.crashes = crashes
         self.failed: set[Rule] = set()
-        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = context.parents
         self.visitors: dict[str, list] = defaultdict(list)
         self.leavers: dict[str, list] = defaultdict(list)
         for rule in rules:
@@ -370,10 +388,17 @@ def _to_diagnostics(
     """The reports as diagnostics. With `pending`, fixes are not rendered: each fixable
     diagnostic (without its fix) is mapped there to the replacement to render later."""
     out = []
+    # One finding per rule, span and message: a rule that meets the same problem by two
+    # routes (a `set_device` after each of two `init_process_group` branches) says it once.
+    said: set[tuple] = set()
     for report in reports:
         span = renderer.positions[report.node]
         start = Location(span.start.line, span.start.column + 1)
         end = Location(span.end.line, span.end.column + 1)
+        key = (report.rule.CODE, start, end, report.message)
+        if key in said:
+            continue
+        said.add(key)
         fix = None
         if report.fix is not None and pending is None:
             fix = renderer.fix(report.fix)

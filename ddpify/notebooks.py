@@ -34,12 +34,14 @@ def is_notebook(path: str) -> bool:
 
 
 _HELP_RE = re.compile(r"^\s*\??[\w.]+\?{0,2}\s*$")
+# `files = !ls`, `version = %sx python --version`: a shell or magic result assigned.
+_ASSIGNED_MAGIC_RE = re.compile(r"^\s*[\w.]+(\s*,\s*[\w.]+)*\s*,?\s*=\s*[!%]")
 
 
 def _is_ipython(line: str) -> bool:
-    """`%magic`, `!shell`, `name?` / `?name` help: IPython, not Python."""
+    """`%magic`, `!shell`, `x = !shell`, `name?` / `?name` help: IPython, not Python."""
     stripped = line.strip()
-    if stripped.startswith(("%", "!")):
+    if stripped.startswith(("%", "!")) or _ASSIGNED_MAGIC_RE.match(stripped):
         return True
     return "?" in stripped and bool(_HELP_RE.match(stripped))
 
@@ -90,9 +92,12 @@ def _build_script(notebook: Notebook) -> None:
             continue
         cell_lines = _cell_text(cell).splitlines()
         cell_magic = bool(cell_lines) and cell_lines[0].lstrip().startswith("%%")
+        continued = False  # a magic or shell line ending in `\` goes on in the next line
         for row, line in enumerate(cell_lines, start=1):
-            if cell_magic or _is_ipython(line):
-                indent = "" if cell_magic else line[: len(line) - len(line.lstrip())]
+            if cell_magic or continued or _is_ipython(line):
+                if not continued:  # continuation lines keep the first line's indent
+                    indent = "" if cell_magic else line[: len(line) - len(line.lstrip())]
+                continued = line.rstrip().endswith("\\")
                 line = f"{indent}pass  # ddpify: ipython line {len(notebook.ipython_lines)}"
                 notebook.ipython_lines.append(cell_lines[row - 1])
             lines.append(line)

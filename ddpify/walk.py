@@ -42,8 +42,8 @@ _FORMATTING_FIELDS = frozenset(
 # Dataclass field order differs from source order for these; rules that look at
 # "what came before" rely on source order.
 _SOURCE_ORDER = {
-    cst.FunctionDef: ("decorators", "name", "params", "returns", "body"),
-    cst.ClassDef: ("decorators", "name", "bases", "keywords", "body"),
+    cst.FunctionDef: ("decorators", "name", "type_parameters", "params", "returns", "body"),
+    cst.ClassDef: ("decorators", "name", "type_parameters", "bases", "keywords", "body"),
     cst.IfExp: ("body", "test", "orelse"),
 }
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ddpify.diagnostics import Diagnostic
 from ddpify.engine import check_source
-from ddpify.rules import select_rules
+from ddpify.rules import ALL_RULES, select_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -18,8 +18,14 @@ def lint(source: str, select: list[str] | None = None, filename: str = "t.py") -
     return result.diagnostics
 
 
+_DEFAULT_SEVERITY = {rule.CODE: rule.SEVERITY for rule in ALL_RULES}
+
+
 def fixture_line(d: Diagnostic) -> str:
-    return f"{d.location.row}:{d.location.column} {d.code} {d.message}"
+    """`row:col CODE message`, with `(severity)` before the message when a finding is
+    not at its rule's default severity (a rule that drops to info when unsure)."""
+    shown = "" if d.severity is _DEFAULT_SEVERITY.get(d.code) else f"({d.severity.value}) "
+    return f"{d.location.row}:{d.location.column} {d.code} {shown}{d.message}"
 
 
 def codes(source: str, select: list[str] | None = None) -> list[str]:

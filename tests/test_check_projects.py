@@ -83,6 +83,31 @@ def test_a_per_rank_path_in_the_helper_is_quiet(tmp_path):
     assert _findings(_project(tmp_path, body, save=save)) == []
 
 
+def test_a_per_rank_path_assigned_before_the_save_is_quiet(tmp_path):
+    save = '    target = f"{path}.rank{dist.get_rank()}"\n    torch.save(state, target)'
+    body = 'utils.save_checkpoint(model.state_dict(), "a.pt")'
+    assert _findings(_project(tmp_path, body, save=save)) == []
+
+
+def test_a_helper_that_saves_into_a_memory_buffer_is_quiet(tmp_path):
+    # `torch.save` into io.BytesIO to hand an object to a loader that wants a file.
+    save = "    buffer = io.BytesIO()\n    torch.save(state, buffer)\n    return buffer"
+    (tmp_path / "utils.py").write_text("import io\n" + UTILS.format(save=save))
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN.format(body='utils.save_checkpoint(model.state_dict(), "a.pt")'))
+    assert _findings(train) == []
+
+
+def test_a_path_reassigned_to_a_shared_file_is_reported(tmp_path):
+    save = (
+        '    target = f"{path}.rank{dist.get_rank()}"\n'
+        "    target = path\n"
+        "    torch.save(state, target)"
+    )
+    body = 'utils.save_checkpoint(model.state_dict(), "a.pt")'
+    assert len(_findings(_project(tmp_path, body, save=save))) == 1
+
+
 def test_the_helper_module_checked_alone_says_nothing(tmp_path):
     _project(tmp_path, 'utils.save_checkpoint(model.state_dict(), "a.pt")')
     assert _findings(tmp_path / "utils.py") == []
@@ -760,3 +785,105 @@ def test_a_file_that_only_mentions_the_module_is_not_an_importer(tmp_path):
     _write(tmp_path / "work" / "seg" / "train.py", "from data import (\n    make,\n)\n")
     found = [path.name for path, _ in importers(helper)]
     assert found == ["train.py"]
+
+
+# -- a process group created by a helper of another module (DDP001) -----------------------
+
+GROUP_HELPERS = """\
+import os
+
+import torch
+
+
+def init():
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    torch.distributed.init_process_group(backend=backend, init_method="env://")
+
+
+def seed_everything(seed):
+    torch.manual_seed(seed + int(os.environ.get("RANK", "0")))
+"""
+
+USES_GROUP = """\
+import torch
+
+from torch_utils import distributed as dist
+
+
+def main():
+    dist.{call}
+    seed = torch.randint(1 << 31, size=[])
+    torch.distributed.broadcast(seed, src=0)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _group_findings(folder: Path, call: str) -> list[str]:
+    (folder / "torch_utils").mkdir()
+    (folder / "torch_utils" / "__init__.py").write_text("")
+    (folder / "torch_utils" / "distributed.py").write_text(GROUP_HELPERS)
+    train = folder / "train.py"
+    train.write_text(USES_GROUP.format(call=call))
+    report = check_paths([str(train)], select_rules(["DDP001"]))
+    return [f"{d.location.row} {d.severity.value} {d.message}" for d in report.diagnostics]
+
+
+def test_a_helper_of_another_module_that_creates_the_group_whatever_its_name(tmp_path):
+    assert _group_findings(tmp_path, "init()") == []
+
+
+def test_a_helper_of_another_module_that_creates_no_group_is_no_excuse(tmp_path):
+    [finding] = _group_findings(tmp_path, "seed_everything(0)")
+    assert finding.startswith("9 error `torch.distributed.broadcast(...)` needs a process group")
+
+
+# -- a rank-0 test kept in a flag (DDP050) --------------------------------------------------
+
+FLAG_TRAINER = """\
+import torch
+
+
+def train(model, args):
+    for epoch in range(args.epochs):
+        if args.should_save and epoch % 5 == 0:
+            torch.save(model.state_dict(), f"{args.out}/epoch{epoch}.pt")
+"""
+
+FLAG_MAIN = """\
+import torch
+import torch.distributed as dist
+
+from trainer import train
+
+
+def main(args):
+    dist.init_process_group("gloo")
+    args.should_save = {flag}
+    model = torch.nn.Linear(2, 2)
+    train(model, args)
+    if args.should_save:
+        torch.save(model.state_dict(), f"{{args.out}}/last.pt")
+
+
+if __name__ == "__main__":
+    main(parse_args())
+"""
+
+
+def _flag_findings(folder: Path, flag: str) -> list[str]:
+    (folder / "trainer.py").write_text(FLAG_TRAINER)
+    main_file = folder / "main.py"
+    main_file.write_text(FLAG_MAIN.format(flag=flag))
+    return _findings(main_file)
+
+
+def test_a_save_under_a_flag_set_to_a_rank_zero_test_is_quiet(tmp_path):
+    assert _flag_findings(tmp_path, 'args.out != "" and dist.get_rank() == 0') == []
+
+
+def test_a_save_under_a_flag_that_every_rank_sets_is_reported(tmp_path):
+    findings = _flag_findings(tmp_path, 'args.out != ""')
+    assert [f.split(" ")[0] for f in findings] == ["11", "13"]

@@ -69,6 +69,12 @@ for width in (4, 8):
 derived = Derived()
 resnet = torchvision.models.resnet18()
 aliased = Aliased()
+keyed = {}
+keyed["plain"] = Plain()
+keyed["normed"] = Normed(bn=True)
+plain_keyed = {}
+plain_keyed["a"] = Plain()
+called = dict(a=Plain(), b=Normed(bn=True))
 """
 
 
@@ -82,6 +88,9 @@ def test_the_analysis_tells_which_models_hold_batch_norm():
     assert _holds("derived") is True  # through its base class and a builder function
     assert _holds("aliased") is True  # `NORM = nn.BatchNorm2d` at module level
     assert _holds("appended") is True  # `appended = []`, then `appended.append(Normed(...))`
+    assert _holds("keyed") is True  # `keyed = {}`, then `keyed["normed"] = Normed(bn=True)`
+    assert _holds("called") is True  # `dict(a=Plain(), b=Normed(bn=True))`
+    assert _holds("plain_keyed") is False  # the empty `{}` it starts from says nothing
     assert _holds("plain") is False
     assert _holds("sequential") is False
     assert _holds("plains") is False
@@ -222,3 +231,57 @@ def test_each_model_of_a_dict_is_converted_and_wrapped_under_its_key():
     assert out.index("nets = {name: net.cuda(") < out.index(convert) < out.index(wrap)
     assert out.index(wrap) < out.index("opts = {name:")
     assert "nets.module" not in out  # a dict of wrappers has no `.module`
+
+
+DICT_FIXTURE = (FIXTURES / "migrate" / "model_dict_items" / "before.py").read_text()
+
+
+def test_a_dict_filled_by_key_is_converted_and_wrapped_once_it_is_complete():
+    """`models = {}; models["encoder"] = Encoder(...)`, optimizers picked by key
+    (`Adam(models["encoder"].parameters())`): each model of the dict is wrapped."""
+    out = migrate(DICT_FIXTURE).output
+    convert = "models = {name: torch.nn.SyncBatchNorm.convert_sync_batchnorm(net) for name"
+    wrap = "    models = {name: DDP(net, device_ids=[LOCAL_RANK] if torch.cuda.is_available()"
+    assert out.index('models["decoder"] = Decoder(4, 12)') < out.index(convert)
+    assert out.index(convert) < out.index(wrap) < out.index("for epoch in range(args.epochs):")
+
+
+def test_a_dict_built_by_a_dict_call_is_wrapped_alike():
+    source = DICT_FIXTURE.replace("    models = {}\n", "    models = dict()\n")
+    assert "models = {name: DDP(net" in migrate(source).output
+
+
+def test_models_in_a_container_a_comprehension_cannot_rebuild_are_refused_naming_it():
+    """An `nn.ModuleDict` is a module of its own: rebuilt, its keys would change."""
+    source = DICT_FIXTURE.replace("    models = {}\n", "    models = nn.ModuleDict()\n")
+    result = migrate_source(source, "t.py")
+    assert not result.migrated
+    assert "are items of `models` (`models = nn.ModuleDict()` in this file)" in result.reason
+    assert "only in a list or a dict" in result.reason
+
+
+def test_a_munch_of_models_is_given_back_to_its_class():
+    source = DICT_FIXTURE.replace("    models = {}\n", "    models = Munch()\n")
+    out = migrate("from munch import Munch\n" + source).output
+    assert "    models = Munch({name: DDP(net, device_ids=" in out
+
+
+def test_an_item_of_a_wrapped_dict_saves_the_models_own_keys():
+    """Each item is a DDP wrapper after the wrap: its state_dict goes through `.module`,
+    or the checkpoint's keys gain a `module.` prefix (DDP051)."""
+    save = '        torch.save(models["encoder"].state_dict(), "encoder.pt")\n'
+    source = DICT_FIXTURE.replace("        print(f", save + "        print(f")
+    result = migrate(source)
+    assert 'torch.save(models["encoder"].module.state_dict(), "encoder.pt")' in result.output
+    assert migrate(result.output).output == result.output
+
+
+def test_a_dict_with_attribute_access_is_rebuilt_in_its_class():
+    """`nets = AttrDict(encoder=..., head=...)` with optimizers over `nets.encoder`: the
+    models are items, not attributes of one model; `nets = DDP(nets)` would fail on a
+    dict. Each is wrapped and the dict given back to its class, so `nets.encoder` reads."""
+    before = (FIXTURES / "migrate" / "model_attrdict" / "before.py").read_text()
+    out = migrate(before).output
+    assert "    nets = AttrDict({name: DDP(net, find_unused_parameters=True) for name" in out
+    assert "DDP(nets" not in out and "nets.module" not in out
+    assert "torch.save(nets.encoder.module.state_dict()," in out

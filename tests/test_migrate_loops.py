@@ -104,6 +104,29 @@ def test_each_model_of_a_list_trained_by_a_list_of_optimizers_is_wrapped():
     assert any("find_unused_parameters" in item.why for item in result.needs_human)
 
 
+def test_optimizers_appended_in_a_loop_over_the_models_train_each_wrapped_model():
+    """`for net in nets: opts.append(SGD(net.parameters()))`: `net` ranges over the list
+    `nets` (filled by `nets.append(...)`), so each of its models is wrapped, once the
+    list is complete and before the step loop zips the models with their optimizers."""
+    before = (FIXTURES / "migrate" / "model_list_loop_optimizers" / "before.py").read_text()
+    out = migrate(before).output
+    wrap = out.index("    nets = [DDP(net, find_unused_parameters=True) for net in nets]\n")
+    assert out.index("nets.append(Regressor(width))") < wrap
+    assert out.index("opts.append(torch.optim.SGD(") < wrap < out.index("for epoch in range(3):")
+
+
+def test_a_loop_over_models_built_elsewhere_is_refused_naming_the_collection():
+    source = HEADER + (
+        "def train(nets):\n    opts = []\n    for net in nets:\n"
+        "        opts.append(torch.optim.SGD(net.parameters(), lr=0.1))\n"
+        "    for x, y in loader:\n        for net, opt in zip(nets, opts):\n"
+        "            ((net(x) - y) ** 2).mean().backward()\n            opt.step()\n"
+    )
+    result = migrate_source(source, "train.py")
+    assert not result.migrated
+    assert "cannot find where the models of `nets` trained by `opts.append(" in result.reason
+
+
 def test_the_group_is_joined_before_module_level_code_builds_the_sampler_and_wrap():
     """With a __main__ guard, a loader and model built at import still need the group."""
     before = (FIXTURES / "migrate" / "model_list_zip" / "before.py").read_text()
@@ -127,6 +150,20 @@ def test_a_print_that_runs_a_model_with_buffers_stays_on_every_rank():
     assert any("DDP053" in item.why for item in result.needs_human)
 
 
+def test_a_print_that_calls_a_function_running_a_model_with_buffers_stays_on_every_rank():
+    """`print(evaluate())` runs the model's forward inside `evaluate`: the same hang."""
+    source = HEADER.replace("torch.nn.Linear(2, 1)", "torch.nn.Sequential(torch.nn.BatchNorm1d(2))")
+    source += (
+        "def evaluate():\n    with torch.no_grad():\n        return model(x).mean().item()\n\n\n"
+        "for epoch in range(2):\n    for x, y in loader:\n"
+        "        ((model(x) - y) ** 2).mean().backward()\n        opt.step()\n"
+        "    print(evaluate())\n"
+    )
+    result = migrate(source)
+    assert "    print(evaluate())\n" in result.output and "RANK == 0" not in result.output
+    assert any("DDP053" in item.why for item in result.needs_human)
+
+
 # -- the empty sampler slot --------------------------------------------------------------
 
 
@@ -135,6 +172,17 @@ def test_an_empty_sampler_slot_gets_the_distributed_sampler():
     out = migrate(before).output
     assert "    train_sampler = DistributedSampler(train_dataset, shuffle=True)\n" in out
     assert "shuffle=(train_sampler is None)," in out  # now False: the sampler shuffles
+
+
+def test_a_shuffle_flag_given_by_position_is_no_sampler():
+    """`DataLoader(dataset, 16, True)`: position 2 is `shuffle`; `sampler` is position 3.
+    Reading the flag as the sampler wrote `True.set_epoch(epoch)`, which crashes."""
+    before = (FIXTURES / "migrate" / "positional_loader_args" / "before.py").read_text()
+    out = migrate(before).output
+    loader = "DataLoader(dataset, batch_size, sampler=DistributedSampler(dataset, shuffle=True))"
+    assert loader in out
+    assert "    train_loader.sampler.set_epoch(epoch)\n" in out
+    assert "True.set_epoch" not in out
 
 
 def test_a_none_sampler_next_to_a_literal_shuffle_is_not_filled():

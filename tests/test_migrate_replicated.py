@@ -144,6 +144,9 @@ def test_a_loop_that_pulls_its_batch_each_step_is_never_called_full_batch():
     # The real obstacle: the loader's own weighted draw, which a DistributedSampler replaces.
     assert "DataLoader in `make_loader`" in reason
     assert "WeightedRandomSampler((1.0 / counts)[labels], len(labels))" in reason
+    # `indices[RANK::WORLD_SIZE]` shares unequally when the count does not divide: a hang.
+    assert "`indices[RANK::WORLD_SIZE]`" in reason and "unequal shares" in reason
+    assert "different numbers of steps" in reason and "drop the remainder" in reason
 
 
 def test_a_set_numbered_in_its_order_is_named_as_data_that_differs_by_rank():
@@ -179,3 +182,24 @@ def test_tensors_a_function_rebinds_through_global_are_not_full_batch():
     result = migrate_source(source, "t.py")
     assert not result.migrated
     assert "cannot tell where the batch enters the step" in result.reason
+
+
+@pytest.mark.parametrize("case", sorted(REPLICATED))
+def test_a_replicated_step_logs_the_whole_batch_not_a_shard(case):
+    """Every rank computes the whole step, so rank 0's loss is the original's: the report
+    must not tell the user to all-reduce it (DDP054), while the print stays on rank 0."""
+    result = migrate_case(case)
+    assert any(c.description == "logs on global rank 0 only" for c in result.changes)
+    assert not [item for item in result.needs_human if "DDP054" in item.why]
+
+
+def test_a_sharded_step_still_says_its_loss_is_rank_zeros_shard():
+    result = migrate_case("single_toplevel")
+    shard = [item for item in result.needs_human if "DDP054" in item.why]
+    assert shard and all("rank 0's shard only" in item.why for item in shard)
+
+
+def test_the_advice_to_split_a_full_batch_says_unequal_shares_keep_the_mean():
+    result = migrate_case("full_batch_graph")
+    advice = next(item.why for item in result.needs_human if item.why.startswith("replicated"))
+    assert "`X[RANK::WORLD_SIZE]`" in advice and "does not divide by WORLD_SIZE" in advice

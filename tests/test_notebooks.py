@@ -41,6 +41,26 @@ def test_magics_and_shell_lines_are_not_python_errors():
     assert "%%capture --no-display" in notebook.ipython_lines
 
 
+def test_assigned_shell_results_and_continued_magics_are_not_python_errors():
+    # Colab set-up cells: `version = !python --version`, and a `%run` split over lines.
+    cells = [
+        "import torch\nPython_version = !python --version\nfiles, = %sx ls\n",
+        "if torch.cuda.is_available():\n    %run train.py --config a.json \\\n--lr 1e-4 \\\n"
+        "--epochs 3\nprint('done')\n",
+    ]
+    document = {
+        "cells": [{"cell_type": "code", "source": c, "metadata": {}} for c in cells],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    notebook = read_notebook(json.dumps(document).encode(), "nb.ipynb")
+    compile(notebook.text, "nb.ipynb", "exec")
+    assert "Python_version = !python --version" in notebook.ipython_lines
+    assert "--epochs 3" in notebook.ipython_lines
+    assert "print('done')" not in notebook.ipython_lines
+
+
 def test_fix_rewrites_only_the_code_it_fixes(capsys, tmp_path):
     path = tmp_path / "nb.ipynb"
     shutil.copy(FIXTURE, path)

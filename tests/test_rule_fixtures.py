@@ -1,7 +1,8 @@
 """Every `fixtures/rules/<CODE>/<case>.py` yields exactly the lines of `<case>.txt`.
 
 A case file holds true positives in several spellings and true negatives; its `.txt`
-lists the expected findings of that one rule as `line:col CODE message` (empty: none).
+lists the expected findings of that one rule as `line:col CODE message` (empty: none),
+with `(severity)` before the message when a finding is not at its rule's default.
 Set DDPIFY_UPDATE_FIXTURES=1 to rewrite the `.txt` files, then review the diff.
 """
 

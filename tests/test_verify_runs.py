@@ -21,6 +21,7 @@ import pytest
 from ddpify.verify import run_verify
 from ddpify.verify.batch import VerifyJob, run_verify_many
 from ddpify.verify.markers import read_markers
+from ddpify.verify.report import render_text
 from tests.helpers import FIXTURES, ROOT
 
 torch = pytest.importorskip("torch")
@@ -77,12 +78,9 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
         pairs[f"migrate/{case}"] = (migrated / "before.py", migrated / "after.py", {})
     global_policy = {"batch_policy": "global", "lr_scale": None}  # the markers say per-rank
     pairs["global policy"] = (MLP / "original.py", MLP / "converted.py", global_policy)
-    cnn_bn = VERIFY / "cnn_bn"
-    pairs["cnn_bn/bug_no_sync_batchnorm.py"] = (
-        cnn_bn / "original.py",
-        cnn_bn / "bug_no_sync_batchnorm.py",
-        {},
-    )
+    for case, converted, *_ in PER_RANK_MATCHES + PER_RANK_BUGS:
+        folder = VERIFY / case
+        pairs[f"{case}/{converted}"] = (folder / "original.py", folder / converted, {})
     mixup = {"script_args": ["--mixup"]}
     augment = VERIFY / "augment"
     pairs["mixup"] = (augment / "original.py", augment / "converted.py", mixup)
@@ -237,13 +235,78 @@ def test_own_planted_bug_fails(case, converted, says, device_env, batched):
     assert says in result.message
 
 
+# Conversions that compute, by design, what no single process computes: compared with the
+# one-process original they are inconclusive (the reason it names), so verify compares them
+# with the original run as DDP (the per-rank reference), and says so.
+# (case, converted script, the one-process reason, what differs by design, a note it carries)
+PER_RANK_MATCHES = [
+    (
+        "cnn_bn",
+        "converted_local_bn.py",
+        "BatchNorm without SyncBatchNorm",
+        "BatchNorm statistics are per process",
+        "by design, as in the per-rank reference: BatchNorm statistics are per process",
+    ),
+    (
+        "contrastive",
+        "converted.py",
+        "samples of a batch compared with each other",
+        "each process compares only its own samples of the batch (`features @ features.T "
+        "(converted.py:84)`)",
+        # the conversion's SyncBatchNorm (emulated on CPU): the reference sums them too
+        "the per-rank reference summed BatchNorm statistics over its processes",
+    ),
+    (
+        "antithetic",
+        "converted.py",
+        "random draws could not be aligned",
+        "random draw 1 (randint) is sized by the per-process batch: (9,) on each process",
+        "3 random draw(s) in the training loop",
+    ),
+]
+
+
 @in_batch
-@cpu_and_gpu
-def test_batch_norm_without_sync_batch_norm_is_inconclusive_naming_it(device_env, batched):
-    """Each rank's own statistics: no single process computes them, so no verdict either way."""
-    result = batched(device_env)["cnn_bn/bug_no_sync_batchnorm.py"]
-    assert (result.exit_code, result.verdict) == (2, "inconclusive"), result.message
-    assert "BatchNorm without SyncBatchNorm" in result.message
+@pytest.mark.parametrize(("case", "converted", "reason", "cause", "note"), PER_RANK_MATCHES)
+def test_conversion_matches_the_original_run_as_ddp(case, converted, reason, cause, note, batched):
+    result = batched("cpu")[f"{case}/{converted}"]
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    assert result.reference == "per-rank"
+    assert result.message.startswith("against the original run as DDP (each process its share")
+    assert "gradients match at all 3 steps" in result.message
+    assert f"it differs from the one-process run by design: {cause}" in result.message
+    assert result.as_dict()["reference"] == "per-rank"
+    assert "compared with the original run as DDP on 2 processes" in render_text(result)
+    one_process = next(n for n in result.notes if n.startswith("against the one-process run"))
+    assert f"inconclusive: the runs differ, but the comparison cannot be trusted: {reason}" in (
+        one_process
+    )
+    assert any("built the same initial weights" in n for n in result.notes)
+    assert any(note in n for n in result.notes), result.notes
+
+
+# Planted bugs in those conversions: still a mismatch. The one-process comparison names the
+# data and rank ones itself (the reference never runs there: a mismatch is never rescued);
+# only a wrong scale of the gradients needs the reference to be seen.
+# (case, planted bug, judged against, what the message must say)
+PER_RANK_BUGS = [
+    ("cnn_bn", "bug_local_bn_loss_divided.py", "per-rank", "0.5x the original's"),
+    ("cnn_bn", "bug_local_bn_not_wrapped.py", "one-process", "gradients of rank 1 differ"),
+    ("cnn_bn", "bug_local_bn_no_sampler.py", "one-process", "every process saw the same batch"),
+    ("contrastive", "bug_seed_per_rank.py", "one-process", "did not see the original's batch"),
+]
+
+
+@in_batch
+@pytest.mark.parametrize(("case", "converted", "against", "says"), PER_RANK_BUGS)
+def test_planted_bug_in_a_per_rank_conversion_fails(case, converted, against, says, batched):
+    result = batched("cpu")[f"{case}/{converted}"]
+    assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
+    assert says in result.message
+    assert result.reference == against
+    assert ("reference" in result.seconds) == (against == "per-rank")
+    if against == "per-rank":
+        assert "(the conversion does not compute DDP of the original)" in result.message
 
 
 @in_batch

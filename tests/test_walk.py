@@ -47,3 +47,11 @@ def test_formatting_nodes_are_skipped():
 def test_deep_expression_does_not_hit_the_recursion_limit():
     source = "x = " + " + ".join(["a"] * 3000) + "\n"
     assert len(names_in_order(source)) == 3001
+
+
+def test_type_parameters_are_visited_between_name_and_parameters():
+    # PEP 695 generics: a bound can name a module (`T: nn.Module`) a rule must see.
+    function = "def f[T: Bound](x: T) -> R:\n    pass\n"
+    assert names_in_order(function) == ["f", "T", "Bound", "x", "T", "R"]
+    cls = "class C[T: Bound](Base):\n    pass\n"
+    assert names_in_order(cls) == ["C", "T", "Bound", "Base"]

@@ -33,10 +33,35 @@ CONTAINERS = frozenset(
 )
 
 
+def may_hold_batch_norm(tree, model: str | cst.BaseExpression | None) -> bool:
+    """Whether a model (a name it is bound to, or an expression: `model`, `Net().cuda()`)
+    may hold BatchNorm layers: what DDP030 reports and the wrap pass converts. The
+    analysis decides for a model the project builds; for one built elsewhere
+    (`torchvision.models.resnet18()`) or not known, whether the project names a BatchNorm
+    layer at all (`nn.BatchNorm2d(...)`, `norm_layer=nn.BatchNorm2d`)."""
+    if model is None:
+        holds = None
+    elif isinstance(model, str):
+        holds = holds_batch_norm(tree, model)
+    else:
+        holds = expression_holds_batch_norm(tree, model)
+    return names_batch_norm(tree) if holds is None else holds
+
+
+def names_batch_norm(tree) -> bool:
+    """Whether some module of the project names a BatchNorm layer (`BatchNorm2d`,
+    `LazyBatchNorm1d`; not SyncBatchNorm): the model's layers may live in another module
+    of the project (models/, layers/)."""
+    return any(
+        t.find(cst.Name, lambda name: BATCH_NORM.match(name.value) is not None)
+        for t in getattr(tree.view, "trees", [tree])
+    )
+
+
 def holds_batch_norm(tree, target: str) -> bool | None:
     """Whether the model (or list, dict of models) bound to `target` may hold BatchNorm:
     the values assigned to `target` anywhere in the project, combined."""
-    values = _bindings(tree.view).get(target, [])
+    values = _filled(_bindings(tree.view).get(target, []))
     if not values:
         return None
     return _any([expression_holds_batch_norm(tree, value) for value in values])
@@ -46,7 +71,7 @@ def expression_holds_batch_norm(tree, expr: cst.BaseExpression, seen=None) -> bo
     view = tree.view
     seen = set() if seen is None else seen
     if isinstance(expr, (cst.List, cst.Tuple, cst.Set, cst.Dict)) and not expr.elements:
-        return None  # filled elsewhere (`nets = []` then `nets.append(Net())`)
+        return None  # filled elsewhere (`nets = []` then `nets.append(Net())`, `nets["g"] = G()`)
     if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
         return _any([expression_holds_batch_norm(tree, e.value, seen) for e in expr.elements])
     if isinstance(expr, cst.Dict):
@@ -65,7 +90,7 @@ def expression_holds_batch_norm(tree, expr: cst.BaseExpression, seen=None) -> bo
         return True
     if name in seen:
         return False  # already being answered higher up
-    values = _bindings(view).get(name, [])
+    values = _filled(_bindings(view).get(name, []))
     if not values:
         return None
     seen.add(name)
@@ -162,7 +187,9 @@ def _bindings(view) -> dict[str, list[cst.BaseExpression]]:
         found: dict[str, list[cst.BaseExpression]] = {}
         for assign in view.find(cst.Assign):
             for target in assign.targets:
-                name = dotted(target.target)
+                # `nets["g"] = Generator()` adds to `nets`
+                item = target.target
+                name = dotted(item.value if isinstance(item, cst.Subscript) else item)
                 if name:
                     found.setdefault(name, []).append(assign.value)
         for call in view.find(cst.Call):  # `nets.append(Net())` adds to `nets`
@@ -174,6 +201,14 @@ def _bindings(view) -> dict[str, list[cst.BaseExpression]]:
         return found
 
     return view_cached(view, "batch_norm_bindings", compute)
+
+
+def _filled(values: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """The values put in a collection, without the empty display it starts from (`nets =
+    {}` says nothing about what `nets["g"] = G()` puts in it)."""
+    empty = (cst.List, cst.Tuple, cst.Set, cst.Dict)
+    filled = [v for v in values if not (isinstance(v, empty) and not v.elements)]
+    return filled or values
 
 
 def _any(answers: list[bool | None]) -> bool | None:

@@ -50,7 +50,7 @@ class _Single(enum.Enum):
 _Implied = Optional[Union[Scope, _Single]]
 
 _PREDICATE = re.compile(
-    r"^(is_)?(local_|global_)?(main|master|primary|chief|leader|rank_?0|rank_zero|zero)"
+    r"^(is_)?(local_|global_)?(main|master|primary|chief|leader|root|rank_?0|rank_zero|zero)"
     r"(_process|_proc|_rank|_node|_worker|_gpu)?(_only)?$"
 )
 _PROCESS_ZERO = re.compile(r"^is_(world|local)_process_zero$")
@@ -160,7 +160,7 @@ def returns_rank_zero(func: cst.FunctionDef) -> Scope | None:
         guard = classify(node.value) if node.value is not None else None
         if guard is not None and guard[0] is Guard.RANK_ZERO:
             scopes.append(guard[1])
-        elif not (_is_true(node.value) and _single_process_branch(ancestors)):
+        elif not (_is_true(node.value) and single_process_branch(ancestors)):
             state["failed"] = True
 
     def leave(node: cst.CSTNode) -> None:
@@ -178,12 +178,19 @@ def _is_true(expr: cst.BaseExpression | None) -> bool:
     return isinstance(expr, cst.Name) and expr.value == "True"
 
 
-def _single_process_branch(ancestors: Sequence[cst.CSTNode]) -> bool:
-    for parent, child in zip(ancestors, ancestors[1:]):
-        if isinstance(parent, cst.If) and child is not parent.test:
-            if single_process_only(parent.test, orelse=child is not parent.body):
-                return True
-    return False
+def single_process_branch(ancestors: Sequence[cst.CSTNode]) -> bool:
+    """Whether the last node sits in a branch that runs only in a run of one process
+    (`if not args.distributed:`, the `else` of `elif args.distributed:`)."""
+    return any(
+        single_process_step(parent, child) for parent, child in zip(ancestors, ancestors[1:])
+    )
+
+
+def single_process_step(parent: cst.CSTNode, child: cst.CSTNode) -> bool:
+    """Whether `child` is a branch of `parent` that runs only in a run of one process."""
+    if not isinstance(parent, cst.If) or child is parent.test:
+        return False
+    return single_process_only(parent.test, orelse=child is not parent.body)
 
 
 def _is_distributed_test(expr: cst.BaseExpression) -> bool:
@@ -342,6 +349,15 @@ def classify(test: cst.BaseExpression) -> tuple[Guard, Scope] | None:
     if _as_scope(facts.orelse):
         return Guard.NON_ZERO, facts.orelse
     return None
+
+
+def excludes_rank_zero(test: cst.BaseExpression) -> bool:
+    """Whether `if test:` runs its body only on ranks other than 0, perhaps not on all of
+    them: `rank != 0`, `not is_main`, `not is_leader and num_gpus > 1` (the other side of
+    an `and` can only narrow it)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return excludes_rank_zero(test.left) or excludes_rank_zero(test.right)
+    return _as_scope(_facts(test).orelse) is not None
 
 
 def single_process_only(test: cst.BaseExpression, *, orelse: bool = False) -> bool:

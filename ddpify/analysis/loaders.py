@@ -23,14 +23,17 @@ analysis is done, so two functions that both bind `loader` share the name.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 
+from ddpify.analysis.epochs import is_epoch_loop
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import ImportMap, dotted, find_arg
+from ddpify.analysis.roles import ITERABLE_BASES, iterable_dataset_classes
+from ddpify.analysis.tree import Tree
 from ddpify.walk import children, walk
 
 DATALOADER = "torch.utils.data.DataLoader"
@@ -60,14 +63,6 @@ _SAMPLER_SHUFFLE_POSITION = 3
 _SAMPLER_SEED_POSITION = 4
 _SAMPLER_DROP_LAST_POSITION = 5
 
-ITERABLE_BASES = {
-    "torch.utils.data.IterableDataset",
-    "torch.utils.data.dataset.IterableDataset",
-    "torch.utils.data.IterDataPipe",
-    "torch.utils.data.datapipes.datapipe.IterDataPipe",
-    "torchdata.datapipes.iter.IterDataPipe",
-    "datasets.IterableDataset",
-}
 # Packages whose datasets stream (and shard by rank themselves).
 STREAMING_PACKAGES = ("webdataset", "streaming", "torchdata", "litdata", "ray.data")
 _STREAMING_NAME = re.compile(r"(Iterable|Stream|Streaming|WebDataset|IterDataPipe)", re.I)
@@ -192,35 +187,6 @@ class PassedNames:
     arguments: tuple[str, ...]
 
 
-def is_epoch_loop(node: cst.CSTNode) -> bool:
-    """`for epoch in ...`, `for _ in range(args.epochs)`, `while epoch < max_epochs`, and
-    a loop that runs one epoch per turn through a helper: `while True: self._train_epoch()`."""
-    if isinstance(node, cst.For):
-        names = names_in(node.target) + names_in(node.iter)
-    elif isinstance(node, cst.While):
-        names = names_in(node.test)
-    else:
-        return False
-    return any("epoch" in name.lower() for name in names) or _runs_epoch_helper(node)
-
-
-_EPOCH_RUNNER = re.compile(r"(train|run|fit)\w*_epoch$")
-
-
-def _runs_epoch_helper(loop: cst.For | cst.While) -> bool:
-    """A statement of the loop's own body calls `train_epoch()`, `self._run_epoch()`, ..."""
-    for statement in loop.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            value = getattr(small, "value", None)
-            if isinstance(value, cst.Call):
-                name = dotted(value.func)
-                if name and _EPOCH_RUNNER.search(name.rsplit(".", 1)[-1].lower()):
-                    return True
-    return False
-
-
 def _assigned_name(ancestors: Sequence[cst.CSTNode]) -> str | None:
     """The target `x` of `x = <node>`, also through `<node> if c else None`."""
     child_index = len(ancestors) - 1
@@ -261,8 +227,9 @@ def _enclosing_loader_arg(ancestors: Sequence[cst.CSTNode]) -> tuple[cst.Call, c
 class LoaderFacts:
     """Loader, sampler and epoch-loop facts of one file; see the module docstring."""
 
-    def __init__(self, model: ScriptModel) -> None:
+    def __init__(self, model: ScriptModel, tree: Callable[[], Tree]) -> None:
         self.model = model
+        self.tree = tree  # the file's Tree, made when a question needs it
         self.imports: ImportMap = model.imports
         self.loaders: list[LoaderCall] = []
         self.samplers: list[SamplerCall] = []
@@ -425,30 +392,8 @@ class LoaderFacts:
 
     def iterable_dataset_classes(self) -> set[str]:
         """Classes of this file that derive, directly or through each other, from an
-        IterableDataset or IterDataPipe."""
-        found: set[str] = set()
-        changed = True
-        while changed:
-            changed = False
-            for name, class_def in self.classes.items():
-                if name in found:
-                    continue
-                for base in class_def.bases:
-                    qualified = self.imports.qualify(base.value) or dotted(base.value) or ""
-                    last = qualified.rsplit(".", 1)[-1]
-                    if (
-                        qualified in ITERABLE_BASES
-                        or last in found
-                        or last
-                        in {
-                            "IterableDataset",
-                            "IterDataPipe",
-                        }
-                    ):
-                        found.add(name)
-                        changed = True
-                        break
-        return found
+        IterableDataset or IterDataPipe (asked of the roles analysis, as migrate asks)."""
+        return iterable_dataset_classes(self.tree())
 
     def dataset_sources(self, dataset: cst.BaseExpression) -> list[cst.BaseExpression]:
         """The expressions a dataset argument comes from: itself, and for a name, every
@@ -626,7 +571,7 @@ def collect(module: cst.Module) -> LoaderFacts:
             for small in stmt.body:
                 if isinstance(small, (cst.Import, cst.ImportFrom)):
                     imports.add(small)
-    collector = _Collector(LoaderFacts(ScriptModel(imports)))
+    collector = _Collector(LoaderFacts(ScriptModel(imports), lambda: Tree(module)))
     walk(module, collector.enter, collector.leave)
     return collector.facts
 

@@ -9,11 +9,10 @@ questions are therefore answered in the rules' `leave_Module`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 
 import libcst as cst
 
-from ddpify.analysis.names import ImportMap, dotted, identifiers, method_name
+from ddpify.analysis.names import ImportMap, dotted, method_name
 
 # Frameworks that own process-group set-up, sampling and rank-0 I/O themselves.
 FRAMEWORKS = {
@@ -52,7 +51,7 @@ LAUNCHER_STRINGS = frozenset(
 # Strings the model records because rules ask about them.
 _RECORDED_STRINGS = LAUNCHER_STRINGS | {"CUDA_VISIBLE_DEVICES"}
 # The node types `ScriptModel.visit` records (none has a subclass in libcst): the others,
-# most of a tree, are passed over with one set lookup instead of eight ABC isinstance
+# most of a tree, are passed over with one set lookup instead of seven ABC isinstance
 # checks (the language server visits every node on every keystroke).
 _VISITED_TYPES = frozenset(
     {
@@ -62,7 +61,6 @@ _VISITED_TYPES = frozenset(
         cst.Assign,
         cst.AnnAssign,
         cst.FunctionDef,
-        cst.For,
         cst.SimpleString,
     }
 )
@@ -87,7 +85,6 @@ class ScriptModel:
         # `target` as written (`model`, `self.model`) -> the values assigned to it.
         self.bindings: dict[str, list[cst.BaseExpression]] = defaultdict(list)
         self.functions: dict[str, cst.FunctionDef] = {}
-        self.for_loops: list[cst.For] = []
         # Recorded string literals (launcher variables, CUDA_VISIBLE_DEVICES).
         self.strings: set[str] = set()
         self._returns: dict[str, frozenset[str]] = {}  # memo of `returned_calls`
@@ -113,8 +110,6 @@ class ScriptModel:
             self._bind(node.target, node.value)
         elif isinstance(node, cst.FunctionDef):
             self.functions.setdefault(node.name.value, node)
-        elif isinstance(node, cst.For):
-            self.for_loops.append(node)
         elif isinstance(node, cst.SimpleString):
             value = node.raw_value
             if value in _RECORDED_STRINGS:
@@ -181,15 +176,6 @@ class ScriptModel:
         if self.imports.qualify(call.func) == callee:
             return True
         return isinstance(call.func, cst.Name) and callee in self.returned_calls(call.func.value)
-
-    def epoch_loops(self) -> list[cst.For]:
-        """`for` loops over epochs: the target or the iterable names an epoch."""
-        return [loop for loop in self.for_loops if _mentions_epoch(loop)]
-
-
-def _mentions_epoch(loop: cst.For) -> bool:
-    names: Iterable[str] = identifiers(loop.target) + identifiers(loop.iter)
-    return any("epoch" in name.lower() for name in names)
 
 
 def _returned_callees(function: cst.FunctionDef, imports: ImportMap) -> set[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.walk import walk
+from ddpify.walk import children
 
 # Public aliases that name the same object; keys are rewritten to values.
 CANONICAL = {
@@ -182,9 +182,11 @@ def find_arg(call: cst.Call, keyword: str, position: int | None = None) -> cst.A
 def identifiers(node: cst.CSTNode) -> list[str]:
     """Every Name and attribute identifier in `node`, in source order."""
     found: list[str] = []
-    walk(node, lambda n: found.append(n.value) if isinstance(n, cst.Name) else None, _ignore)
+    stack = [node]
+    while stack:  # cheaper than `walk` with callbacks (asked for every loop of a file)
+        current = stack.pop()
+        if type(current) is cst.Name:
+            found.append(current.value)
+        else:
+            stack.extend(reversed(list(children(current))))
     return found
-
-
-def _ignore(node: cst.CSTNode) -> None:
-    pass

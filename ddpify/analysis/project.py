@@ -75,7 +75,7 @@ class Project:
         parsed is recorded in `problems` and not followed."""
         paths = [Path(entry).resolve() for entry in entries]
         project = cls(paths)
-        boundary = _common_root(paths)
+        boundary = common_root(paths)
         queue: list[Path] = []
         for path in paths:
             project.modules[path] = ProjectModule(path, read(path))
@@ -107,7 +107,7 @@ class Project:
     @property
     def root(self) -> Path:
         """The directory the project lies in (its modules never leave it)."""
-        return _common_root(self.entries)
+        return common_root(self.entries)
 
     def relative(self, path: Path) -> str:
         """`path` as shown to the user: relative to the project's root."""
@@ -251,7 +251,7 @@ def _within(path: Path, boundary: Path) -> bool:
     return True
 
 
-def _common_root(paths: Sequence[Path]) -> Path:
+def common_root(paths: Sequence[Path]) -> Path:
     """The directory the project may not leave: the entries' common directory, widened
     to the nearest enclosing repository or package root within MAX_ROOT_ASCENT levels."""
     common = Path(*_common_parts([p.parent.parts for p in paths])) if paths else Path.cwd()
@@ -401,6 +401,31 @@ class LocalClass:
 _Definition = cst.FunctionDef | cst.ClassDef | cst.BaseExpression
 
 
+class StampedCache:
+    """What was computed from each file, kept while the file is unchanged (same mtime and
+    size). One entry per path: a new version replaces the old, so a language server whose
+    user saves the same helper all day keeps one copy of it, not one per save."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Path, tuple[tuple[int, int], object]] = {}
+
+    def get(self, path: Path, compute):
+        """compute(path), or the value kept from the last call while `path` is unchanged;
+        None when `path` cannot be stat'ed."""
+        try:
+            info = path.stat()
+        except OSError:
+            self._entries.pop(path, None)
+            return None
+        stamp = (info.st_mtime_ns, info.st_size)
+        kept = self._entries.get(path)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        value = compute(path)
+        self._entries[path] = (stamp, value)
+        return value
+
+
 class LocalFunctions:
     """`utils.save_checkpoint` -> its definition in ./utils.py, for a file being checked.
 
@@ -412,7 +437,7 @@ class LocalFunctions:
     module it names (beside the file, or up to MAX_ROOT_ASCENT directories above, inside
     nothing but local folders). Parsed modules are shared by the whole run."""
 
-    _parsed: dict[tuple[Path, int, int], tuple[cst.Module, ImportMap, str] | None] = {}
+    _parsed = StampedCache()  # parsed modules, shared by the whole run
 
     def __init__(self, filename: str | None) -> None:
         self.file = Path(filename).resolve() if filename else None
@@ -504,7 +529,7 @@ class LocalFunctions:
     def _candidates(self, module_name: str) -> list[Path]:
         """The files that may define names of `module_name`, the most specific first."""
         assert self.file is not None
-        boundary = _common_root([self.file])
+        boundary = common_root([self.file])
         if module_name.startswith("."):
             dotted = module_name.lstrip(".")
             level = len(module_name) - len(dotted)
@@ -566,7 +591,7 @@ class LocalFunctions:
     ) -> tuple[_Definition, ImportMap, Path, str] | None:
         """Where the module at `path` imports `name` from, when that is a local module."""
         assert self.file is not None
-        boundary = _common_root([self.file])
+        boundary = common_root([self.file])
         relative = imports.relative.get(name)
         if relative is not None:
             dots = len(relative) - len(relative.lstrip("."))
@@ -583,14 +608,7 @@ class LocalFunctions:
 
     @classmethod
     def _parse(cls, path: Path) -> tuple[cst.Module, ImportMap, str] | None:
-        try:
-            info = path.stat()
-        except OSError:
-            return None
-        key = (path, info.st_mtime_ns, info.st_size)
-        if key not in cls._parsed:
-            cls._parsed[key] = _parse_module(path)
-        return cls._parsed[key]
+        return cls._parsed.get(path, _parse_module)
 
 
 # -- who imports a helper module -------------------------------------------------------------
@@ -601,18 +619,16 @@ _DISTRIBUTED_WORDS = re.compile(
     r"init_process_group|DistributedDataParallel|DistributedSampler|LOCAL_RANK"
 )
 MAX_SCANNED_FILES = 2000
-# (path, mtime, size) -> (text, digest) if the file looks distributed, else None.
-_scanned: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
 
 
 def distributed_importers(path: Path) -> list[tuple[Path, str]]:
     """(path, sha256) of the modules of `path`'s project (its repository or package root,
-    as `_common_root` finds it) that import `path` and run distributed: a helper module's
+    as `common_root` finds it) that import `path` and run distributed: a helper module's
     only evidence that its code runs on every rank. Asked only by a rule that has a
     candidate finding in a helper module; scans at most MAX_SCANNED_FILES files (each
     read once while unchanged); only those that name the module are parsed."""
     path = path.resolve()
-    root = _common_root([path])
+    root = common_root([path])
     stem = path.parent.name if path.name == "__init__.py" else path.stem
     found = []
     for other, text, digest in _files_of(root):
@@ -658,12 +674,12 @@ def _names_in_an_import(stem: str, text: str) -> bool:
 
 
 def _importers_root(path: Path) -> Path:
-    """Where `path`'s importers may be: the repository or package root `_common_root`
+    """Where `path`'s importers may be: the repository or package root `common_root`
     finds, else the folder above `path`'s package (its folders with an `__init__.py`,
     or its own folder). A module is usually imported from there (`main.py` beside
     `data_loading/` imports `data_loading.data_loader`), and a checkout without a marker
     file would otherwise end the search inside the package."""
-    root = _common_root([path])
+    root = common_root([path])
     if root != path.parent:
         return root
     top = path.parent
@@ -685,19 +701,13 @@ def _unrelated_files(folder: Path) -> bool:
     return folder.parent == folder or folder.parent.parent == folder.parent or folder == Path.home()
 
 
-# (path, mtime, size) -> (text, digest) of any Python file `importers` read.
-_texts: dict[tuple[Path, int, int], tuple[str, str] | None] = {}
+# (text, digest) of any Python file `importers` read; of those that look distributed
+_texts = StampedCache()
+_scanned = StampedCache()
 
 
 def _read_text(path: Path) -> tuple[str, str] | None:
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    key = (path, info.st_mtime_ns, info.st_size)
-    if key not in _texts:
-        _texts[key] = text_and_digest(path)
-    return _texts[key]
+    return _texts.get(path, text_and_digest)
 
 
 def text_and_digest(path: Path) -> tuple[str, str] | None:
@@ -719,7 +729,7 @@ def ddp_wrapping_modules(path: Path) -> list[tuple[Path, str]]:
     in code: evidence that a model a helper module receives (a trainer's `self.model`)
     may be a DDP wrapper, when nothing in the helper module says so."""
     path = path.resolve()
-    root = _common_root([path])
+    root = common_root([path])
     return [
         (other, digest)
         for other, text, digest in _files_of(root)
@@ -733,15 +743,9 @@ def _files_of(root: Path) -> list[tuple[Path, str, str]]:
     for index, path in enumerate(_python_files(root)):
         if index >= MAX_SCANNED_FILES:
             break
-        try:
-            info = path.stat()
-        except OSError:
-            continue
-        key = (path, info.st_mtime_ns, info.st_size)
-        if key not in _scanned:
-            _scanned[key] = _scan(path)
-        if _scanned[key] is not None:
-            text, digest = _scanned[key]
+        scanned = _scanned.get(path, _scan)
+        if scanned is not None:
+            text, digest = scanned
             files.append((path.resolve(), text, digest))
     return files
 

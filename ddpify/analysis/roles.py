@@ -17,9 +17,10 @@ import libcst as cst
 
 from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker_of, unwrap
 from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
+from ddpify.analysis.evaluation import looks_like_eval
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.trained import PARAMETER_METHODS, parameter_owners
+from ddpify.analysis.trained import PARAMETER_METHODS, collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.unsplittable import unsplittable_step
 from ddpify.walk import children
@@ -29,8 +30,8 @@ DATA_PARALLEL = "torch.nn.parallel.DataParallel"
 DATA_LOADER = "torch.utils.data.DataLoader"
 DIST_SAMPLER = "torch.utils.data.DistributedSampler"
 ITERABLE_DATASET = "torch.utils.data.IterableDataset"
-# Wrappers around the loader in `for batch in tqdm(enumerate(loader))`.
-ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar"}
+# Wrappers around the loader in `for batch in tqdm(enumerate(loader))` (`track`: rich's).
+ITER_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "progress_bar", "track"}
 _SCHEDULER_OR_OPTIMIZER = re.compile(r"sched|optim", re.I)
 # Training loops: `for` over batches or epochs, `while step < max_iters` step loops.
 LOOPS = (cst.For, cst.While)
@@ -74,12 +75,25 @@ def project_optimizer_calls(tree: Tree) -> list[cst.Call]:
     return _optimizer_calls(tree.view)
 
 
-def _optimizer_calls(view) -> list[cst.Call]:
-    def is_optimizer(call: cst.Call) -> bool:
-        name = view.qualify(call.func) or ""
-        return name.startswith("torch.optim.") and ".lr_scheduler." not in name
+# Public names under torch.optim that are no optimizer: the base class, schedulers, SWA.
+_NOT_OPTIMIZERS = {"Optimizer"}
+_NOT_OPTIMIZER_MODULES = {"lr_scheduler", "swa_utils"}
 
-    return view.find(cst.Call, is_optimizer)
+
+def is_optimizer(qualified: str | None) -> bool:
+    """`torch.optim.SGD`, `torch.optim.adamw.AdamW`: a torch optimizer class; not an LR
+    scheduler (`torch.optim.lr_scheduler.StepLR`), nor SWA's `AveragedModel` / `SWALR`,
+    nor the `Optimizer` base class."""
+    if qualified is None or not qualified.startswith("torch.optim."):
+        return False
+    parts = qualified.split(".")
+    if len(parts) > 4 or set(parts) & _NOT_OPTIMIZER_MODULES:
+        return False
+    return parts[-1][:1].isupper() and parts[-1] not in _NOT_OPTIMIZERS
+
+
+def _optimizer_calls(view) -> list[cst.Call]:
+    return view.find(cst.Call, lambda call: is_optimizer(view.qualify(call.func)))
 
 
 def bound_target(tree: Tree, call: cst.Call) -> str | None:
@@ -132,7 +146,7 @@ def trained_owners(view, optimizer: cst.Call) -> list[str]:
     arguments, or `model` in `AdamW(model.get_parameters())` when a class of the script
     (or project) defines `get_parameters` over its own `self.parameters()` /
     `self.named_parameters()` (parameter groups built by the model itself)."""
-    owners = parameter_owners(optimizer)
+    owners = parameter_owners(optimizer) + collection_owners(optimizer)
     if owners:
         return owners
     first = find_arg(optimizer, "params", 0)
@@ -198,6 +212,45 @@ def _trained_modules(view) -> list[str]:
             if name not in found:
                 found.append(name)
     return found
+
+
+def ranged_collection(tree: Tree, node: cst.CSTNode, name: str) -> tuple[str, str] | None:
+    """(`nets`, `net`) when `name`, read at `node`, is the variable of an enclosing loop
+    over the collection `nets`: a comprehension `[Adam(net.parameters()) for net in nets]`
+    or a statement `for net in nets: opts.append(Adam(net.parameters()))`; (`nets`,
+    `key, net`) for `for key, net in nets.items()`. None when no enclosing loop binds
+    `name`, or it ranges over something other than a named collection."""
+    current = tree.parent.get(node)
+    while current is not None and not isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+        clause = current.for_in if isinstance(current, COMPREHENSIONS) else current
+        if isinstance(clause, (cst.CompFor, cst.For)):
+            found = _ranged_by(clause.target, clause.iter, name)
+            if found is not None:
+                return found
+        current = tree.parent.get(current)
+    return None
+
+
+COMPREHENSIONS = (cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.SetComp)
+
+
+def _ranged_by(
+    target: cst.BaseExpression, iterable: cst.BaseExpression, name: str
+) -> tuple[str, str] | None:
+    source = dotted(iterable)
+    if isinstance(target, cst.Name):
+        return (source, name) if target.value == name and source is not None else None
+    names = target.elements if isinstance(target, cst.Tuple) else []
+    if len(names) != 2 or not all(isinstance(e.value, cst.Name) for e in names):
+        return None
+    key, value = (e.value.value for e in names)  # type: ignore[attr-defined]
+    call = iterable
+    if value != name or not (isinstance(call, cst.Call) and not call.args):
+        return None
+    if not isinstance(call.func, cst.Attribute) or call.func.attr.value != "items":
+        return None
+    source = dotted(call.func.value)
+    return (source, f"{key}, {value}") if source is not None else None
 
 
 def optimizer_names(tree: Tree) -> set[str]:
@@ -275,6 +328,55 @@ def _backward_calls(view) -> list[cst.Call]:
     return view.find(cst.Call, lambda c: method_name(c) == "backward")
 
 
+def training_functions(tree: Tree) -> frozenset[str]:
+    """Names of the project's functions and methods whose call may run a training step:
+    those that call backward, and those that call one of them (`trainer.run_epoch(...)`
+    in a `print`): such a call must run on every rank."""
+    view = tree.view
+    return view_cached(view, "training_functions", lambda: _reaching(view, _backward_calls(view)))
+
+
+def forward_functions(tree: Tree) -> frozenset[str]:
+    """Names of the project's functions and methods whose call may run a model's forward
+    (`self.evaluate()` over `self.model(x)`), directly or through another one."""
+
+    def compute() -> frozenset[str]:
+        models = model_names(tree)
+        return _reaching(tree.view, tree.view.find(cst.Call, lambda c: dotted(c.func) in models))
+
+    return view_cached(tree.view, "forward_functions", compute)
+
+
+def _reaching(view, calls: list[cst.Call]) -> frozenset[str]:
+    """The functions that hold one of `calls`, and those that call one of them, by name."""
+    found = {func.name.value for func in map(view.function, calls) if func is not None}
+    grew = True
+    while grew:
+        grew = False
+        for func in view.find(cst.FunctionDef, lambda f: f.name.value not in found):
+            if any(_callee(c) in found for c in view.within(func, cst.Call)):
+                found.add(func.name.value)
+                grew = True
+    return frozenset(found)
+
+
+def _callee(call: cst.Call) -> str | None:
+    name = dotted(call.func)
+    return name.rsplit(".", 1)[-1] if name else None
+
+
+def calls_training(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
+    """The first call in `node` of a function that may run a training step, if any."""
+    trains = training_functions(tree)
+    return next((c for c in tree.within(node, cst.Call) if _callee(c) in trains), None)
+
+
+def calls_forward(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
+    """The first call in `node` of a function that may run a model's forward, if any."""
+    forwards = forward_functions(tree)
+    return next((c for c in tree.within(node, cst.Call) if _callee(c) in forwards), None)
+
+
 def training_loops(tree: Tree) -> list[cst.For | cst.While]:
     """The loops of this module that run the backward pass (`for`, or a `while` step loop
     not inside a `for` over the data), also through a step helper they call (defined in
@@ -286,14 +388,46 @@ def _training_loops(view) -> list[cst.For | cst.While]:
     return view_cached(view, "training_loops", lambda: _find_training_loops(view))
 
 
+def backward_units(
+    tree: Tree, backwards: list[cst.Call] | None = None
+) -> list[cst.For | cst.While | cst.FunctionDef]:
+    """The innermost loop or function around each backward call of this module, once
+    each, in the order of the calls: the body that runs one training step (a loop body,
+    or a `train_step` function called once per micro-step). `backwards`: the module's
+    `.backward()` calls when the caller has them already (the lint engine indexes them)."""
+    view = tree.view
+    if backwards is not None and view is tree:
+        return _find_backward_units(view, backwards)
+    units = view_cached(
+        view, "backward_units", lambda: _find_backward_units(view, _backward_calls(view))
+    )
+    if view is tree:  # one module: all its own (no `order` map built to say so)
+        return list(units)
+    return [unit for unit in units if tree.owns(unit)]
+
+
+def _find_backward_units(view, backwards) -> list[cst.For | cst.While | cst.FunctionDef]:
+    found: list[cst.For | cst.While | cst.FunctionDef] = []
+    for call in backwards:
+        unit = _innermost_unit(view, call)
+        if unit is not None and all(unit is not known for known in found):
+            found.append(unit)
+    return found
+
+
+def _innermost_unit(view, node: cst.CSTNode) -> cst.For | cst.While | cst.FunctionDef | None:
+    current = view.parent.get(node)
+    while current is not None and not isinstance(current, (*LOOPS, cst.FunctionDef)):
+        current = view.parent.get(current)
+    return current
+
+
 def _find_training_loops(view) -> list[cst.For | cst.While]:
     loops: list[cst.For | cst.While] = []
     pending = [(call, 0) for call in _backward_calls(view)]
     while pending:
         node, depth = pending.pop(0)
-        current = view.parent.get(node)
-        while current is not None and not isinstance(current, (*LOOPS, cst.FunctionDef)):
-            current = view.parent.get(current)
+        current = _innermost_unit(view, node)
         if isinstance(current, cst.While):
             current = _loop_over_data(view, current)
         if isinstance(current, LOOPS):
@@ -385,6 +519,7 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
     for call in tree.calls_to(DATA_LOADER):
         names = _names_of_loader(tree, call)
         if names & loader_names:
+            names -= _evaluation_results(tree, call, loader_names)
             loaders.append(Loader(call, names | _aliases_in_loops(tree, loops, names)))
     found = {n for loader in loaders for n in loader.names}
     for loop in loops:
@@ -402,6 +537,37 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
         elif all(outer.call is not known.call for known in loaders):
             loaders.append(outer)
     return _loaders_fed_by_next(tree, loaders, still)
+
+
+def _evaluation_results(tree, call: cst.Call, trained: set[str]) -> set[str]:
+    """The names a loader helper's other results land in, when one of them feeds a
+    training loop (`self.train_loader = build_loader(...)`) and these feed none
+    (`self.dev_loader = build_loader(...)`, iterated under `no_grad` to evaluate): one
+    DataLoader call builds both, but only the first trains, so only it is the training
+    loader's name (its set_epoch, its dataset's name). Only a name shown to evaluate
+    counts: one a loop that does not train iterates, or one that reads as evaluation
+    data (`val_loader`); another may still reach the step under a name not followed."""
+    results = {name for _, name in helper_results(tree, call)}
+    if not results & trained:
+        return set()  # no call site keeps the training loader: nothing to tell apart
+    evaluated = _evaluation_loop_sources(tree)
+    return {name for name in results - trained if name in evaluated or looks_like_eval(name)}
+
+
+def _evaluation_loop_sources(tree) -> set[str]:
+    """The names the loops that do not train iterate, and what their callers pass for
+    them (`vali(vali_data, test_loader, criterion)` looping over `vali_loader`)."""
+
+    def compute() -> frozenset[str]:
+        training = {id(loop) for loop in _training_loops(tree.view)}
+        found: set[str] = set()
+        for loop in tree.view.find(cst.For, lambda node: id(node) not in training):
+            name = iterated_name(loop, tree.view)
+            if name is not None:
+                found |= {name} | _arguments_for(tree.view, loop, name)
+        return frozenset(found)
+
+    return set(view_cached(tree.view, "evaluation_loop_sources", compute))
 
 
 def _aliases_in_loops(tree, loops: list[cst.For], names: set[str]) -> set[str]:
@@ -726,6 +892,43 @@ def _split_at_target(loop: cst.For, names: list[str]) -> bool:
     return False
 
 
+def distributed_sampler_value(
+    tree: Tree, expr: cst.BaseExpression | None, depth: int = 0
+) -> cst.BaseExpression | None:
+    """What makes the DistributedSampler a loader's `sampler=` value holds: the call
+    (`DistributedSampler(ds)`), or a conditional with it on a branch
+    (`DistributedSampler(ds) if distributed else None`: the sampler may be None), written
+    there or bound to the name passed (`sampler=train_sampler`), a few names deep. None
+    when no DistributedSampler is behind it."""
+    if expr is None or depth > 3:
+        return None
+    if isinstance(expr, cst.IfExp):
+        branches = (expr.body, expr.orelse)
+        found = any(distributed_sampler_value(tree, b, depth) is not None for b in branches)
+        return expr if found else None
+    call = _innermost_call(expr)
+    if call is not None:
+        return call if tree.view.qualify(call.func) == DIST_SAMPLER else None
+    name = dotted(expr)
+    for value in _bindings(tree).get(name or "", []):
+        if value is not expr and dotted(value) != name:
+            found = distributed_sampler_value(tree, value, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _innermost_call(expr: cst.BaseExpression) -> cst.Call | None:
+    """`DistributedSampler(...)` of `DistributedSampler(...).method()`, else `expr`."""
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and isinstance(expr.func.value, cst.Call)
+    ):
+        expr = expr.func.value
+    return expr if isinstance(expr, cst.Call) else None
+
+
 def already_distributed(tree: Tree, loop: cst.For | cst.While) -> bool:
     """The function that runs the loop deals with a DistributedSampler itself
     (`if isinstance(self.sampler, DistributedSampler): self.sampler.set_epoch(e)`): its
@@ -746,16 +949,22 @@ def _arguments_for(tree: Tree, loop: cst.For, name: str) -> set[str]:
         return set()
     if name.startswith("self."):
         return _attribute_sources(tree, func, name)
-    return _parameter_sources(tree, func, name)
+    return _parameter_sources(tree, func, name, _training_flags(tree, func, loop))
 
 
-def _parameter_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
-    found = {dotted(value) for value in _parameter_arguments(tree, func, name)}
+def _parameter_sources(
+    tree, func: cst.FunctionDef, name: str, flags: dict[str, bool] | None = None
+) -> set[str]:
+    found = {dotted(value) for value in _parameter_arguments(tree, func, name, flags)}
     return found - {None}  # type: ignore[return-value]
 
 
-def _parameter_arguments(tree, func: cst.FunctionDef, name: str) -> list[cst.BaseExpression]:
-    """What the callers of `func` pass for its parameter `name`, as written."""
+def _parameter_arguments(
+    tree, func: cst.FunctionDef, name: str, flags: dict[str, bool] | None = None
+) -> list[cst.BaseExpression]:
+    """What the callers of `func` pass for its parameter `name`, as written; with `flags`
+    (`_training_flags`), only the calls that train: `run_epoch(dev_loader,
+    train_mode=False)` passes an evaluation loader."""
     params = [p.name.value for p in func.params.params]
     if name not in params:
         return []
@@ -770,10 +979,51 @@ def _parameter_arguments(tree, func: cst.FunctionDef, name: str) -> list[cst.Bas
         callee = dotted(call.func)
         if callee is None or callee.rsplit(".", 1)[-1] != called:
             continue
+        if flags and not _call_trains(func, call, flags, offset):
+            continue
         arg = find_arg(call, name, index - offset)
         if arg is not None:
             found.append(arg.value)
     return found
+
+
+def _training_flags(tree, func: cst.FunctionDef, loop: cst.For) -> dict[str, bool]:
+    """Parameters of `func` that switch the step in `loop` on, and the value that does:
+    `{"train_mode": True}` when every backward of the loop is under `if train_mode:`
+    (`False` for `if not evaluate:`). One loop that trains or evaluates, as its caller
+    says (`run_epoch(loader, train_mode=False)` evaluates)."""
+    params = {p.name.value for p in func.params.params}
+    backwards = [c for c in tree.within(loop, cst.Call) if method_name(c) == "backward"]
+    flags: dict[str, bool] | None = None
+    for call in backwards:
+        here = {}
+        node = tree.parent.get(call)
+        while node is not None and node is not loop:
+            if isinstance(node, cst.If):
+                test, value = node.test, True
+                if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                    test, value = test.expression, False
+                if isinstance(test, cst.Name) and test.value in params:
+                    here[test.value] = value
+            node = tree.parent.get(node)
+        flags = here if flags is None else {k: v for k, v in flags.items() if here.get(k) == v}
+    return flags or {}
+
+
+def _call_trains(
+    func: cst.FunctionDef, call: cst.Call, flags: dict[str, bool], offset: int
+) -> bool:
+    """Whether `call` of `func` passes (or leaves at its default) the value of every flag
+    that trains; a flag given as anything but a True/False literal may train."""
+    params = list(func.params.params)
+    for name, trains in flags.items():
+        index = next(i for i, p in enumerate(params) if p.name.value == name)
+        arg = find_arg(call, name, index - offset)
+        value = arg.value if arg is not None else params[index].default
+        if isinstance(value, cst.Name) and value.value in ("True", "False"):
+            if (value.value == "True") != trains:
+                return False
+    return True
 
 
 def _attribute_sources(tree, func: cst.FunctionDef, name: str) -> set[str]:
@@ -885,11 +1135,30 @@ def _helper_results(tree: Tree, func: cst.FunctionDef, index: int | None) -> set
     return found
 
 
+# Bases of an iterable (streaming) dataset: torch's, DataPipes, Hugging Face's.
+ITERABLE_BASES = frozenset(
+    {
+        "torch.utils.data.IterableDataset",
+        "torch.utils.data.dataset.IterableDataset",
+        "torch.utils.data.IterDataPipe",
+        "torch.utils.data.datapipes.datapipe.IterDataPipe",
+        "torchdata.datapipes.iter.IterDataPipe",
+        "datasets.IterableDataset",
+    }
+)
+_ITERABLE_NAMES = frozenset({"IterableDataset", "IterDataPipe"})
+
+
 def iterable_dataset_classes(tree: Tree) -> set[str]:
-    """The classes of the script (or project) that are IterableDatasets, also through
-    a subclass of one (`class Subset(TokenDataset)`, `TokenDataset(IterableDataset)`)."""
-    names: set[str] = set()
+    """The classes of the script (or project) that are iterable datasets, also through
+    a subclass of one (`class Subset(TokenDataset)`, `TokenDataset(IterableDataset)`):
+    what DDP020/DDP024 and the migration's stream pass both ask."""
     view = tree.view
+    return set(view_cached(view, "iterable_classes", lambda: _iterable_classes(view)))
+
+
+def _iterable_classes(view) -> frozenset[str]:
+    names: set[str] = set()
     classes = view.find(cst.ClassDef)
     grew = True
     while grew:
@@ -900,25 +1169,31 @@ def iterable_dataset_classes(tree: Tree) -> set[str]:
             if any(_is_iterable_base(view, base.value, names) for base in cls.bases):
                 names.add(cls.name.value)
                 grew = True
-    return names
+    return frozenset(names)
 
 
 def _is_iterable_base(view, base: cst.BaseExpression, known: set[str]) -> bool:
-    name = dotted(base)
-    return view.qualify(base) == ITERABLE_DATASET or (
-        name is not None and name.rsplit(".", 1)[-1] in known
-    )
+    """torch's IterableDataset (or another of ITERABLE_BASES), a base so named whatever
+    it is imported from, or a class already known to be one."""
+    qualified = view.qualify(base) or dotted(base) or ""
+    last = qualified.rsplit(".", 1)[-1]
+    return qualified in ITERABLE_BASES or last in _ITERABLE_NAMES or last in known
 
 
 def _bindings(tree) -> dict[str, list[cst.BaseExpression]]:
-    """Name -> the values assigned to it (`x = value`, and `with value as x`)."""
+    """Name -> the values assigned to it (`x = value`, and `with value as x`), in any
+    module of the view: made once per view (a rule asks it for every loop of a file)."""
+    return view_cached(tree.view, "bindings", lambda: _find_bindings(tree.view))
+
+
+def _find_bindings(view) -> dict[str, list[cst.BaseExpression]]:
     found: dict[str, list[cst.BaseExpression]] = {}
-    for assign in tree.view.find(cst.Assign):
+    for assign in view.find(cst.Assign):
         for target in assign.targets:
             name = dotted(target.target)
             if name:
                 found.setdefault(name, []).append(assign.value)
-    for item in tree.view.find(cst.WithItem):
+    for item in view.find(cst.WithItem):
         name = dotted(item.asname.name) if item.asname is not None else None
         if name:
             found.setdefault(name, []).append(item.item)

@@ -16,7 +16,7 @@ from pathlib import Path
 import libcst as cst
 
 from ddpify.analysis.names import ImportMap
-from ddpify.analysis.project import LocalFunctions, _common_root, local_imports, text_and_digest
+from ddpify.analysis.project import LocalFunctions, common_root, local_imports, text_and_digest
 from ddpify.files import SourceError, read_bounded
 from ddpify.walk import children
 
@@ -124,7 +124,7 @@ def _package_modules(file: Path) -> Iterator[tuple[Path, str, str]]:
         text = read_bounded(file).decode("utf-8", errors="replace")
     except SourceError:
         return
-    root = _common_root([file])
+    root = common_root([file])
     imported = {path for path, _ in local_imports(file, text, [file], root)}
     packages = sorted({path.parent for path in imported if path.name == "__init__.py"})
     modules = set(imported)

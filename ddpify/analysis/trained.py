@@ -18,6 +18,7 @@ from ddpify.analysis.names import dotted, method_name
 from ddpify.walk import walk
 
 PARAMETER_METHODS = ("parameters", "named_parameters")
+LITERAL_KEYS = (cst.SimpleString, cst.Integer)
 
 
 def parameter_owners(optimizer: cst.Call) -> list[str]:
@@ -30,6 +31,29 @@ def parameter_owners(optimizer: cst.Call) -> list[str]:
             name = dotted(node.func.value)  # type: ignore[attr-defined]
             if name is not None and name not in owners:
                 owners.append(name)
+
+    for arg in optimizer.args:
+        walk(arg.value, enter, lambda node: None)
+    return owners
+
+
+def collection_owners(optimizer: cst.Call) -> list[str]:
+    """The collections whose items the optimizer trains: `nets` for
+    `Adam(nets["g"].parameters())` or `SGD(models[0].parameters())`, an item picked by a
+    literal key or index (`nets[key]` may be any item: not an owner)."""
+    owners: list[str] = []
+
+    def enter(node: cst.CSTNode) -> None:
+        if not (isinstance(node, cst.Call) and method_name(node) in PARAMETER_METHODS):
+            return
+        item = node.func.value  # type: ignore[attr-defined]
+        if not isinstance(item, cst.Subscript) or len(item.slice) != 1:
+            return
+        key = item.slice[0].slice
+        literal = isinstance(key, cst.Index) and isinstance(key.value, LITERAL_KEYS)
+        name = dotted(item.value)
+        if literal and name is not None and name not in owners:
+            owners.append(name)
 
     for arg in optimizer.args:
         walk(arg.value, enter, lambda node: None)

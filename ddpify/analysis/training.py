@@ -18,6 +18,8 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import backward_units, distributed_sampler_value, iterated_name
+from ddpify.analysis.tree import Tree
 from ddpify.analysis.values import mentions_world_size, per_process_source
 from ddpify.walk import children, walk
 
@@ -135,18 +137,6 @@ class ShardedLoader:
     batch_size: cst.BaseExpression | None
 
 
-def _is_sampler_value(model: ScriptModel, expr: cst.BaseExpression) -> bool:
-    call = unwrap_call_chain(expr)
-    if call is not None:
-        return model.imports.qualify(call.func) == DISTRIBUTED_SAMPLER
-    name = dotted(expr)
-    return name is not None and any(
-        _is_sampler_value(model, value)
-        for value in model.bindings.get(name, [])
-        if not isinstance(value, cst.Name) or dotted(value) != name
-    )
-
-
 def sampled_datasets(model: ScriptModel) -> set[str]:
     """Datasets handed to a DistributedSampler, as written (`train_ds`, `self.dataset`)."""
     found = set()
@@ -176,9 +166,10 @@ def _is_rank_subset(model: ScriptModel, expr: cst.BaseExpression, depth: int = 0
     )
 
 
-def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
-    """DataLoaders whose sampler is a DistributedSampler (inline, by name, or over the
-    same dataset a DistributedSampler is built on), or over a Subset sharded by rank."""
+def sharded_loaders(model: ScriptModel, tree: Tree) -> list[ShardedLoader]:
+    """DataLoaders whose sampler is a DistributedSampler (inline, by name, on a branch of
+    a conditional: `roles.distributed_sampler_value`, as migrate asks; or over the same
+    dataset a DistributedSampler is built on), or over a Subset sharded by rank."""
     loaders = model.calls.get(DATALOADER, [])
     if not loaders or not (model.calls.get(DISTRIBUTED_SAMPLER) or model.calls.get(SUBSET)):
         return []
@@ -194,7 +185,7 @@ def sharded_loaders(model: ScriptModel) -> list[ShardedLoader]:
         dataset_arg = find_arg(call, "dataset", 0)
         dataset = dotted(dataset_arg.value) if dataset_arg is not None else None
         sampler = find_arg(call, "sampler", 3)
-        by_sampler = sampler is not None and _is_sampler_value(model, sampler.value)
+        by_sampler = sampler is not None and bool(distributed_sampler_value(tree, sampler.value))
         by_subset = dataset_arg is not None and _is_rank_subset(model, dataset_arg.value)
         if by_sampler or by_subset or (dataset in sampled and sampler is not None):
             batch = find_arg(call, "batch_size", 1)
@@ -413,7 +404,6 @@ class LoopFacts:
     exits: list[Located] = field(default_factory=list)  # break, return, sys.exit()
     # Mentions of `no_sync` / `require_backward_grad_sync`.
     no_sync: list[Located] = field(default_factory=list)
-    backwards: list[Located] = field(default_factory=list)  # `<x>.backward(...)` calls
     _last: cst.CSTNode | None = None
 
     def visit(self, node: cst.CSTNode, ancestors: Sequence[cst.CSTNode]) -> None:
@@ -426,26 +416,20 @@ class LoopFacts:
         elif isinstance(node, cst.FunctionDef):
             self.functions.append(Located(node, tuple(ancestors)))
         elif isinstance(node, cst.Call):
-            if method_name(node) == "backward":
-                self.backwards.append(Located(node, tuple(ancestors)))
-            elif is_exit_call(node):
+            if is_exit_call(node):
                 self.exits.append(Located(node, tuple(ancestors)))
         elif isinstance(node, (cst.Break, cst.Return)):
             self.exits.append(Located(node, tuple(ancestors)))
         elif isinstance(node, cst.Attribute) and node.attr.value in _NO_SYNC:
             self.no_sync.append(Located(node, tuple(ancestors)))
 
-    def units_with_backward(self) -> list[Located]:
-        """The innermost loop or function around each backward call, once each."""
+    def units_with_backward(self, tree: Tree, backwards: list[cst.Call]) -> list[Located]:
+        """The innermost loop or function around each of the file's backward calls, once
+        each, as the roles analysis finds them (`roles.backward_units`), with their
+        ancestry."""
         units = {id(u.node): u for u in (*self.loops, *self.functions)}
-        found: dict[int, Located] = {}
-        for backward in self.backwards:
-            for node in reversed(backward.ancestors[:-1]):
-                if isinstance(node, (cst.For, cst.While, cst.FunctionDef)):
-                    if id(node) in units:
-                        found.setdefault(id(node), units[id(node)])
-                    break
-        return list(found.values())
+        found = backward_units(tree, backwards)
+        return [units[id(unit)] for unit in found if id(unit) in units]
 
     def no_sync_near(self, loop: Located) -> bool:
         """Whether `no_sync` is mentioned in the loop's class (for a method), its function,
@@ -478,10 +462,13 @@ def collect_loops(module: cst.Module) -> LoopFacts:
     return facts
 
 
-def iterated_names(loop: cst.For) -> set[str]:
-    """What a `for` loop iterates: `loader` of `enumerate(tqdm(loader))`."""
-    return names_of(loop.iter)
-
-
-def loop_over(loop: cst.CSTNode, loaders: set[str]) -> bool:
-    return isinstance(loop, cst.For) and bool(iterated_names(loop) & loaders)
+def iterated_names(loop: cst.For, tree: Tree) -> set[str]:
+    """What a `for` loop iterates: every name of its iterable as written (`loader` of
+    `enumerate(tqdm(loader))`, both of `zip(a, b)`), and what a progress bar kept in a
+    variable wraps (`pbar = tqdm(val_loader)`; `for x in pbar`), as the roles analysis
+    that migrate reads resolves it (`roles.iterated_name`)."""
+    found = names_of(loop.iter)
+    through = iterated_name(loop, tree)
+    if through is not None:
+        found.add(through)
+    return found

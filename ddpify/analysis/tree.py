@@ -60,6 +60,29 @@ class Tree:
         self.view: Tree | ProjectView = self
         self._collect(module, previous)
 
+    @classmethod
+    def from_walk(cls, module: cst.Module, parents: dict[cst.CSTNode, cst.CSTNode]) -> Tree:
+        """The Tree of a walk already made: `parents` holds each node below the module
+        with its parent, in the pre-order of `ddpify.walk` (the lint engine's one
+        traversal records it), so the rules' questions cost no second walk. Its nodes
+        make one segment (such a tree is never the `previous` of another)."""
+        tree = cls.__new__(cls)
+        tree.module = module
+        tree._text = None
+        tree._by_kind = {}
+        tree._order = None
+        tree._nodes = None
+        tree._call_names = None
+        tree.view = tree
+        tree.parent = parents  # read only, like the engine's own use of it
+        segment = _Segment.flat(list(parents))
+        tree._segment_of = {}
+        tree._segments = [segment]
+        tree.imports = ImportMap()
+        for node in segment.of_kind(_IMPORTS):  # type: ignore[arg-type]
+            tree.imports.add(node)
+        return tree
+
     def _collect(self, module: cst.Module, previous: Tree | None) -> None:
         known = previous._segment_of if previous is not None else {}
         walked = _Walked(previous._segments if previous is not None else [])
@@ -85,7 +108,8 @@ class Tree:
         if self._nodes is None:
             nodes: list[cst.CSTNode] = [self.module]
             for segment in self._segments:
-                nodes.append(segment.statement)
+                if segment.statement is not None:  # None: a flat segment (`from_walk`)
+                    nodes.append(segment.statement)
                 nodes.extend(segment.inner)
             self._nodes = nodes
         return self._nodes
@@ -293,17 +317,29 @@ class _Segment:
             elif kind in _IMPORTS:
                 self.imports.append(inside)
 
+    @classmethod
+    def flat(cls, nodes: list[cst.CSTNode]) -> _Segment:
+        """Every node of a module below it, as one segment with no statement of its own
+        (`Tree.from_walk`): the per-kind lists and call paths work as for a statement."""
+        segment = cls.__new__(cls)
+        segment.statement = None
+        segment.inner, segment.parents, segment.imports = nodes, [], []
+        segment.spans = {}
+        segment._types, segment._kinds, segment._calls = None, {}, None
+        return segment
+
     def of_kind(self, kind: type) -> list:
         found = self._kinds.get(kind)
         if found is None:
             # By exact type (a set lookup), not isinstance (ABCMeta's check, per node).
             if self._types is None:
                 self._types = {type(n) for n in self.inner}
-                self._types.add(type(self.statement))
+                if self.statement is not None:
+                    self._types.add(type(self.statement))
             kinds = {t for t in self._types if issubclass(t, kind)}
             found = []
             if kinds:
-                if type(self.statement) in kinds:
+                if self.statement is not None and type(self.statement) in kinds:
                     found.append(self.statement)
                 found.extend(n for n in self.inner if type(n) in kinds)
             self._kinds[kind] = found

@@ -379,6 +379,17 @@ def _refuse_unproven_replication(tree: Tree, loop: cst.For, models: set[str], li
     )
 
 
+# `indices[RANK::WORLD_SIZE]` gives the first len(indices) % WORLD_SIZE ranks one item more.
+UNEQUAL_SHARES = (
+    "when the count does not divide by WORLD_SIZE, that gives the ranks unequal shares: DDP "
+    "then averages the gradients of unequal batches (no longer the original's mean) and the "
+    "ranks may take different numbers of steps, so one waits forever in an all-reduce the "
+    "others never reach; drop the remainder first (`indices = indices[: len(indices) // "
+    "WORLD_SIZE * WORLD_SIZE]`) or pad with repeats to a multiple of WORLD_SIZE, as "
+    "DistributedSampler does"
+)
+
+
 def _refuse_pulled_batch(tree: Tree, line: str, pulled: PulledBatch) -> None:
     """`inputs = next(fetcher)` each step from something ddpify cannot trace to a
     DataLoader it can shard: name the pull, what made the iterator, and the project's
@@ -398,7 +409,7 @@ def _refuse_pulled_batch(tree: Tree, line: str, pulled: PulledBatch) -> None:
             f"the DataLoader{builder}, which draws with `{sampler}` ({first.kind}): a "
             "DistributedSampler would replace that draw, so keep it and give each rank its "
             "share (draw the indices with a generator seeded alike on every rank and the "
-            "epoch, then keep `indices[RANK::WORLD_SIZE]`)"
+            f"epoch, then keep `indices[RANK::WORLD_SIZE]`; {UNEQUAL_SHARES})"
         )
     raise NotMigrated(
         Shape.UNKNOWN,

@@ -13,10 +13,12 @@ import libcst as cst
 
 from ddpify.analysis.batch_coupling import batch_comparisons
 from ddpify.analysis.endless import pass_restarts
+from ddpify.analysis.epochs import epoch_loops
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import (
+    distributed_sampler_value,
     iterated_name,
     project_has_hand_made_batches,
     stream_batches,
@@ -29,11 +31,11 @@ from ddpify.arguments import replace_with_keyword
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_LOADER,
-    DIST_SAMPLER,
     Loader,
     NotMigrated,
     Plan,
     Shape,
+    bound_target,
     hand_made_batches,
     optimizer_calls,
     train_loaders,
@@ -61,7 +63,8 @@ LR_RULES = {
     "linear": ("linear LR scaling (Goyal et al. 2017)", "{lr} * WORLD_SIZE"),
     "sqrt": ("square-root LR scaling (Malladi et al. 2022)", "{lr} * WORLD_SIZE**0.5"),
 }
-ABSOLUTE_LR_SCHEDULERS = ("OneCycleLR", "CyclicLR")
+# Schedulers that set the learning rate to a value of their own, and its argument.
+ABSOLUTE_LR_SCHEDULERS = {"OneCycleLR": "max_lr", "CyclicLR": "max_lr", "SWALR": "swa_lr"}
 GLOBAL_NOTE = "# ddpify: batch policy global: batch_size // WORLD_SIZE per process, LR unchanged"
 
 
@@ -144,23 +147,6 @@ def _note_adaptive_solvers(tree: Tree, plan: Plan) -> None:
 # -- samplers ---------------------------------------------------------------------------
 
 
-def _sampler_call(tree: Tree, expr: cst.BaseExpression | None) -> cst.BaseExpression | None:
-    """The DistributedSampler(...) behind a `sampler=` value (directly or through a name)."""
-    if expr is None:
-        return None
-    if isinstance(expr, cst.Call) and tree.qualify(expr.func) == DIST_SAMPLER:
-        return expr
-    if isinstance(expr, cst.IfExp):
-        return _sampler_call(tree, expr.body) and expr
-    name = dotted(expr)
-    for assign in tree.find(cst.Assign):
-        if name and any(dotted(t.target) == name for t in assign.targets):
-            found = _sampler_call(tree, assign.value)
-            if found is not None:
-                return found
-    return None
-
-
 def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     call = loader.call
     sampler = find_arg(call, "sampler", 3)
@@ -169,7 +155,7 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
         given = sampler or batch_sampler
         if sampler is not None and _shard_none_sampler(tree, plan, edits, call, sampler):
             return
-        if _sampler_call(tree, given.value) is None:  # type: ignore[union-attr]
+        if distributed_sampler_value(tree, given.value) is None:  # type: ignore[union-attr]
             if plan.shape.converts:
                 raise NotMigrated(
                     Shape.UNKNOWN,
@@ -268,21 +254,37 @@ def _none_test_of(expr: cst.BaseExpression) -> str | None:
 
 def _hoist_dataset(tree, plan, edits, loader, dataset, statement) -> str:
     """`DataLoader(TensorDataset(x, y), ...)`: the sampler needs the same dataset object."""
-    target = next(iter(sorted(loader.names)), "train")
-    prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
-    name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
-    if "." in target:
-        name = f"{target.rsplit('.', 1)[0]}.{name}"
+    name = _dataset_name(tree, loader)
     edits.before[statement].append(snippets.statement(f"{name} = {tree.code(dataset.value)}"))
     edits.replace(dataset.value, snippets.expression(name))
     plan.change(NAME, "named the training dataset so the sampler and loader share it", f"{name} = ")
     return name
 
 
+def _dataset_name(tree: Tree, loader: Loader) -> str:
+    """A name for the loader's dataset where the loader is built: `train_dataset` beside
+    `train_loader = DataLoader(...)` (`self.train_dataset` beside `self.train_loader`). A
+    helper that returns the loader (`return DataLoader(...)`, kept by its callers in
+    `self.train_loader`) gets a local name, never a caller's `self.` attribute, which the
+    helper cannot reach, nor a name the helper already uses; `dataset` when it builds the
+    evaluation loaders too."""
+    bound = bound_target(tree, loader.call)
+    target = bound or next(iter(sorted(loader.names)), "train")
+    prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
+    name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
+    if bound is not None:
+        return f"{target.rsplit('.', 1)[0]}.{name}" if "." in target else name
+    func = tree.view.function(loader.call)
+    taken = names_in(func) if func is not None else set()
+    if any(kept not in loader.names for _, kept in helper_results(tree, loader.call)):
+        taken.add(name)  # the helper builds evaluation loaders too: not `train_dataset`
+    return next(n for n in (name, "dataset", "loader_dataset") if n not in taken)
+
+
 def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
     train = {id(loader.call) for loader in loaders}
     for call in tree.calls_to(DATA_LOADER):
-        if id(call) in train or find_arg(call, "sampler", 2) is not None:
+        if id(call) in train or find_arg(call, "sampler", 3) is not None:
             continue
         stream = stream_of(tree, call)
         if stream is not None:
@@ -413,10 +415,11 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
         _scale_hand_set_lr(tree, plan, edits)
     for call in tree.find(cst.Call):
         name = tree.qualify(call.func) or ""
-        if name.rsplit(".", 1)[-1] in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
+        short = name.rsplit(".", 1)[-1]
+        if short in ABSOLUTE_LR_SCHEDULERS and plan.lr_scaling != "none":
             plan.needs_human(
-                f"{name.rsplit('.', 1)[-1]} sets the learning rate itself; scale its max_lr "
-                "like the optimizer's",
+                f"{short} sets the learning rate itself; scale its "
+                f"{ABSOLUTE_LR_SCHEDULERS[short]} like the optimizer's",
                 tree.code(tree.statement(call)),
             )
 
@@ -492,10 +495,10 @@ def _scale_lr(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -> None:
 
 
 def _epoch_loops(tree: Tree) -> list[cst.For]:
-    loops = []
-    for loop in tree.find(cst.For):
-        names = {n.lower() for n in names_in(loop.target) | names_in(loop.iter)}
-        if any("epoch" in n for n in names) and not any(tree.inside(loop, o) for o in loops):
+    """The outermost `for` loops over epochs (analysis/epochs.py decides which are)."""
+    loops: list[cst.For] = []
+    for loop in epoch_loops(tree):
+        if isinstance(loop, cst.For) and not any(tree.inside(loop, o) for o in loops):
             loops.append(loop)
     return loops
 
@@ -657,10 +660,10 @@ def _most_qualified(name: str) -> tuple[int, str]:
 
 
 def _set_epoch_code(tree: Tree, loop: cst.For, name: str, loader: Loader, epoch: str) -> str:
-    given = find_arg(loader.call, "sampler", 2)
+    given = find_arg(loader.call, "sampler", 3)
     if given is not None:
         sampler = dotted(given.value)
-        bound = _sampler_call(tree, given.value)
+        bound = distributed_sampler_value(tree, given.value)
         if sampler and isinstance(bound, cst.IfExp):
             return f"if {sampler} is not None:\n    {sampler}.set_epoch({epoch})\n"
         if (

@@ -15,11 +15,13 @@ import libcst as cst
 from ddpify.analysis.batches import model_calls
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import calls_forward, calls_training
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan, backward_calls, model_names, training_loops
 from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.replicate import replicated_steps
 
 NAME = "rank-zero"
 LOG_METHODS = {"info", "debug", "warning", "warn", "log"}
@@ -192,7 +194,18 @@ def _needs_guard(tree: Tree, plan: Plan, stmt: cst.BaseStatement, rank: str) -> 
         return False
     if tree.function(stmt) is None and not _after_rank(tree, stmt, rank):
         return False
-    if _has_buffers(tree) and model_calls(stmt, model_names(tree)):
+    trains = calls_training(tree, stmt)
+    if trains is not None:
+        # Guarded, rank 0 alone would train: the others wait in its all-reduce.
+        plan.needs_human(
+            f"this calls `{tree.code(trains.func)}`, which runs a training step, so it is left "
+            "on every rank: compute the value on every rank and log it under "
+            f"`if {rank} == 0:`",
+            tree.code(stmt),
+        )
+        return False
+    forward = model_calls(stmt, model_names(tree)) or calls_forward(tree, stmt)
+    if _has_buffers(tree) and forward:
         # DDP's forward broadcasts the buffers to every rank: on rank 0 alone it would hang.
         plan.needs_human(
             "this runs the model's forward, which every rank must run under DDP (it syncs "
@@ -250,9 +263,18 @@ def _next_to(body, previous: cst.BaseStatement, stmt: cst.BaseStatement) -> bool
 
 
 def _shard_values(tree: Tree) -> set[str]:
-    """Names computed in a training loop: under DDP they describe this rank's shard only."""
-    names = {"loss"}
-    for loop in training_loops(tree):
+    """Names computed in a training loop: under DDP they describe this rank's shard only.
+    A replicated step (migrate/replicate.py) computes the whole batch on every rank, so
+    what it computes is the original's value: its loop, and a loop around it (the epoch
+    loop that logs its loss), hold no shard values."""
+    whole = [step.loop for step in replicated_steps(tree)]
+    sharded = [
+        loop
+        for loop in training_loops(tree)
+        if not any(loop is w or tree.inside(w, loop) for w in whole)
+    ]
+    names = {"loss"} if sharded else set()
+    for loop in sharded:
         for node in tree.within(loop, (cst.Assign, cst.AugAssign)):
             targets = node.targets if isinstance(node, cst.Assign) else [node]
             names |= {dotted(t.target) for t in targets} - {None}  # type: ignore[operator]

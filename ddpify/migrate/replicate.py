@@ -119,7 +119,9 @@ def _speed_up(tree, step: UnsplittableStep) -> tuple[str, str]:
             "over everything; to share it, give each rank its share of the samples this "
             "forward reads (`X[RANK::WORLD_SIZE]`, when the samples are independent: not a "
             "graph whose nodes mix) and weight each rank's mean loss by len(share) * "
-            "WORLD_SIZE / len(X), which keeps the original's global mean"
+            "WORLD_SIZE / len(X), which keeps the original's global mean even when len(X) "
+            "does not divide by WORLD_SIZE and the shares differ by one (a plain mean would "
+            "then weight the smaller shares' samples more)"
         )
     if step.kind == ONE_EXAMPLE:
         line = tree.view.code(step.statement)

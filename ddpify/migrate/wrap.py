@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.batch_norm import holds_batch_norm
+from ddpify.analysis.batch_norm import may_hold_batch_norm
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
     project_optimizer_calls,
+    ranged_collection,
     returned_into_trained,
     stored_models,
     trained_model_names,
     trained_owners,
 )
-from ddpify.analysis.trained import parameter_owners
+from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, mentions
 from ddpify.analysis.wrappers import innermost, records_gradients
 from ddpify.migrate import snippets
@@ -117,7 +118,9 @@ if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
 def run(tree: Tree, plan: Plan) -> Edits:
     edits = Edits()
     wrapped: list[tuple[str, cst.CSTNode]] = []  # (name, the statement that wraps it)
-    lists: set[str] = set()  # the lists and dicts whose models are wrapped one by one
+    # the lists and dicts whose models are wrapped one by one -> the class a dict is given
+    # back to ("" for a list or a plain dict)
+    lists: dict[str, str] = {}
     if plan.shape is Shape.DATA_PARALLEL:
         wrapped += _replace_data_parallel(tree, plan, edits)
     elif plan.shape is Shape.SINGLE:
@@ -131,9 +134,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
         wrapped += [pair for pair in stored_models(tree) if pair[0] not in dict(wrapped)]
     # Wraps the script already had stay where they are, perhaps on one branch only.
     in_place = {id(tree.statement(call)) for call in tree.calls_to(DDP)}
-    # A list or dict of wrapped models has no module attributes (`nets.items()`).
+    # A list or dict of wrapped models has no module attributes (`nets.items()`); its
+    # items do (`nets["g"].state_dict()`).
     modules = [pair for pair in wrapped if pair[0] not in lists]
     _through_module(tree, plan, edits, modules, in_place)
+    _items_through_module(tree, plan, edits, [pair for pair in wrapped if pair[0] in lists], lists)
     if not wrapped and tree.view is not tree and plan.shape is not Shape.FRAMEWORK:
         _received_from_other_modules(tree, plan, edits)
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
@@ -149,7 +154,7 @@ def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
         return
     if "convert_sync_batchnorm" in tree.text:
         return
-    models = sorted({name for name in wrapped if _may_hold_batch_norm(tree, name)})
+    models = sorted({name for name in wrapped if may_hold_batch_norm(tree, name)})
     if not models:
         return
     plan.needs_human(
@@ -162,31 +167,18 @@ def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
     )
 
 
-def _may_hold_batch_norm(tree: Tree, model: str | None) -> bool:
-    """The analysis decides for a model the project builds; for one built elsewhere
-    (`torchvision.models.resnet18()`), whether the project names BatchNorm at all."""
-    holds = holds_batch_norm(tree, model) if model else None
-    return _has_batch_norm(tree) if holds is None else holds
-
-
-def _has_batch_norm(tree: Tree) -> bool:
-    # The model's layers may live in another module of the project (models/, layers/).
-    return any(
-        t.find(cst.Name, lambda name: "BatchNorm" in name.value)
-        for t in getattr(tree.view, "trees", [tree])
-    )
-
-
 def _wants_sync_bn(tree: Tree, plan: Plan, model: str | None) -> bool:
     """Whether `model` (the name the wrap rebinds) gets a SyncBatchNorm conversion."""
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
     if "convert_sync_batchnorm" in tree.text:
         return False
-    return _may_hold_batch_norm(tree, model)
+    return may_hold_batch_norm(tree, model)
 
 
-def _sync_bn(plan: Plan, model: str, element: str | None = None) -> cst.BaseStatement:
+def _sync_bn(
+    plan: Plan, model: str, element: str | None = None, container: str = ""
+) -> cst.BaseStatement:
     """The conversion of `model`, or of each `element` of the list (or dict) `model`."""
     plan.change(
         NAME,
@@ -196,17 +188,19 @@ def _sync_bn(plan: Plan, model: str, element: str | None = None) -> cst.BaseStat
         "DDP030",
     )
     if element is not None:
-        each = _each(model, element, "torch.nn.SyncBatchNorm.convert_sync_batchnorm({})")
+        each = _each(model, element, "torch.nn.SyncBatchNorm.convert_sync_batchnorm({})", container)
         return snippets.statement(SYNC_BN_EACH.format(models=model, each=each))
     return snippets.statement(SYNC_BN.format(model=model))
 
 
-def _each(models: str, element: str, call: str) -> str:
+def _each(models: str, element: str, call: str, container: str = "") -> str:
     """`[call(net) for net in nets]`, or for a dict (`element` is `name, net`)
-    `{name: call(net) for name, net in nets.items()}`."""
+    `{name: call(net) for name, net in nets.items()}`, given back to its `container`
+    class when it is one (`Munch({...})`, which keeps `nets.generator` working)."""
     if ", " in element:
         key, value = element.split(", ")
-        return f"{{{key}: {call.format(value)} for {element} in {models}.items()}}"
+        each = f"{{{key}: {call.format(value)} for {element} in {models}.items()}}"
+        return f"{container}({each})" if container else each
     return f"[{call.format(element)} for {element} in {models}]"
 
 
@@ -497,7 +491,7 @@ def _hoist(edits: Edits, owner: cst.If) -> None:
 # -- the bare model ---------------------------------------------------------------------
 
 
-def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: set[str]) -> list:
+def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: dict[str, str]) -> list:
     """Wrap every module an optimizer trains (a GAN's generator and discriminator alike);
     `lists` gets the names of the lists and dicts whose models are wrapped one by one."""
     optimizers = optimizer_calls(tree)
@@ -509,7 +503,8 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: set[str]) -> list:
     # `nets` -> `net` for `[Adam(net.parameters()) for net in nets]`, `name, net` for
     # `{name: Adam(net.parameters()) for name, net in nets.items()}`
     collections: dict[str, str] = {}
-    trained = _trained_bindings(tree, optimizers, collections)
+    containers: dict[str, str] = {}  # `nets` -> `Munch` for `nets = Munch(g=G(), d=D())`
+    trained = _trained_bindings(tree, optimizers, collections, containers)
     # Several trained modules (a GAN): a step often uses only part of one (the
     # discriminator's auxiliary heads in the generator step), which DDP must be told.
     # A list of modules is several too, built alike but perhaps configured apart
@@ -523,18 +518,19 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: set[str]) -> list:
         place = _last_preparation(tree, target, binding)
         inserted = []
         element = collections.get(target)
+        container = containers.get(target, "")
         if _wants_sync_bn(tree, plan, target):
-            inserted.append(_sync_bn(plan, target, element))
+            inserted.append(_sync_bn(plan, target, element, container))
         if element is not None:
             value = element.split(", ")[-1]
             wrap = _ddp_call(tree, plan, value, extra).replace("{", "{{").replace("}", "}}")
-            each = _each(target, element, wrap.replace(value, "{}", 1))
+            each = _each(target, element, wrap.replace(value, "{}", 1), container)
             inserted.append(snippets.statement(f"{target} = {each}"))
             edits.after[place].extend(inserted)
             anchor = f"{target} = {each[: each.index(plan.ddp) + len(plan.ddp) + 1]}"
             plan.change(NAME, f"wrap each module of {target} in DistributedDataParallel", anchor)
             _note_find_unused(plan, anchor)
-            lists.add(target)
+            lists[target] = container
             wrapped.append((target, place))
             continue
         inserted.append(snippets.statement(f"{target} = {_ddp_call(tree, plan, target, extra)}"))
@@ -555,16 +551,28 @@ def _note_find_unused(plan: Plan, anchor: str) -> None:
     )
 
 
-def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict) -> list:
+def _trained_bindings(
+    tree: Tree, optimizers: list[cst.Call], collections: dict, containers: dict
+) -> list:
     """(name, the statement that builds it) for each trained module; `model.fc` in a
     per-layer optimizer resolves to the `model` it belongs to; `net` in
-    `[Adam(net.parameters()) for net in nets]` to the list `nets` (recorded in
+    `[Adam(net.parameters()) for net in nets]` (or a `for net in nets:` loop that
+    appends it) to the list `nets` (recorded in
     `collections` with its element name: each of its modules is wrapped), and in
-    `{k: Adam(net.parameters()) for k, net in nets.items()}` to the dict `nets`."""
+    `{k: Adam(net.parameters()) for k, net in nets.items()}` to the dict `nets`; so do
+    `nets["g"]` and, in a dict with attribute access (`Munch`), `nets.generator` (the
+    class to rebuild recorded in `containers`)."""
     found = []
     for optimizer in optimizers:
         for owner in trained_owners(tree.view, optimizer):
-            collection, element = _comprehension_source(tree, optimizer, owner)
+            collection, element = ranged_collection(tree, optimizer, owner) or (None, None)
+            if owner in collection_owners(optimizer):  # `Adam(nets["g"].parameters())`
+                collection = owner
+                element, containers[owner] = _item_names(tree, owner, optimizer)
+            mapping = _mapping_item(tree, owner, optimizer)
+            if collection is None and mapping is not None:  # `nets.generator`
+                collection, element = mapping[0], "name, net"
+                containers[collection] = mapping[1]
             if collection is not None:
                 binding = _binding(tree, collection, optimizer)
                 if binding is not None and collection.isidentifier():
@@ -574,43 +582,79 @@ def _trained_bindings(tree: Tree, optimizers: list[cst.Call], collections: dict)
             resolved = _resolve_owner(tree, owner, optimizer)
             if resolved is None:
                 line = _first_line(tree.code(tree.statement(optimizer)))
+                # `net` of `for net in nets` is not built anywhere: `nets` is.
+                built = f"models of `{collection}`" if collection else f"model `{owner}`"
                 raise NotMigrated(
                     Shape.UNKNOWN,
-                    f"cannot find where the model `{owner}` trained by `{line}` is built in "
-                    "this file; wrap it in DistributedDataParallel where it is built",
+                    f"cannot find where the {built} trained by `{line}` "
+                    f"{'are' if collection else 'is'} built in this file; wrap "
+                    f"{'each' if collection else 'it'} in DistributedDataParallel where "
+                    f"{'they are' if collection else 'it is'} built",
                 )
             found.append(resolved)
     return found
 
 
-def _comprehension_source(tree: Tree, optimizer: cst.Call, owner: str):
-    """(`nets`, `net`) when `optimizer` is built in a comprehension `for net in nets`;
-    (`nets`, `name, net`) for `for name, net in nets.items()`; else (None, None)."""
-    current = tree.parent.get(optimizer)
-    while current is not None and not isinstance(current, cst.BaseStatement):
-        if isinstance(current, (cst.ListComp, cst.GeneratorExp, cst.DictComp)):
-            clause = current.for_in
-            if isinstance(clause.target, cst.Name) and clause.target.value == owner:
-                return dotted(clause.iter), owner
-            pair = _key_and_value(clause)
-            if pair is not None and pair[1] == owner:
-                return pair[2], f"{pair[0]}, {pair[1]}"
-        current = tree.parent.get(current)
-    return None, None
+# Calls that build a dict a comprehension rebuilds alike: a plain one, or one given back
+# to its class (attribute access kept: `nets.generator`). `nn.ModuleDict` is a module.
+DICT_CALLS = frozenset({"dict"})
+MAPPING_CLASSES = frozenset({"OrderedDict", "Munch", "EasyDict", "edict", "AttrDict"})
+DICT_METHODS = frozenset(name for name in dir(dict) if not name.startswith("_"))
 
 
-def _key_and_value(clause: cst.CompFor) -> tuple[str, str, str] | None:
-    """(`name`, `net`, `nets`) for `for name, net in nets.items()`."""
-    names = clause.target.elements if isinstance(clause.target, cst.Tuple) else []
-    call = clause.iter
-    if len(names) != 2 or not all(isinstance(e.value, cst.Name) for e in names):
+def _item_names(tree: Tree, collection: str, optimizer: cst.Call) -> tuple[str, str]:
+    """The names a comprehension over `collection` binds, to wrap each of its models,
+    and the class to give a dict back to: `name, net` (over `.items()`) for a dict, `net`
+    for a list; refused for a container a comprehension would not rebuild."""
+    value = _bound_value(tree, collection, optimizer)
+    if isinstance(value, (cst.List, cst.ListComp)):
+        return "net", ""
+    container = _mapping_class(value)
+    if container is not None:
+        return "name, net", container
+    line = _first_line(tree.code(tree.statement(optimizer)))
+    binding = _binding(tree, collection, optimizer)
+    built = f"`{_first_line(tree.code(binding))}`" if binding is not None else "no assignment"
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"the models trained by `{line}` are items of `{collection}` ({built} in this file), "
+        "which ddpify wraps one by one only in a list or a dict; wrap each model in "
+        "DistributedDataParallel where it is put in",
+    )
+
+
+def _mapping_item(tree: Tree, owner: str, near: cst.CSTNode) -> tuple[str, str] | None:
+    """(`nets`, `Munch`) when `owner` is `nets.generator`, an item of a dict with attribute
+    access bound to `nets`, which holds the models and is no model itself."""
+    collection, _, item = owner.rpartition(".")
+    if not collection.isidentifier() or item in ("module", "model"):
         return None
-    if not (isinstance(call, cst.Call) and not call.args and isinstance(call.func, cst.Attribute)):
-        return None
-    source = dotted(call.func.value)
-    if call.func.attr.value != "items" or source is None:
-        return None
-    return names[0].value.value, names[1].value.value, source  # type: ignore[attr-defined]
+    container = _mapping_class(_bound_value(tree, collection, near))
+    return (collection, container) if container else None
+
+
+def _mapping_class(value: cst.BaseExpression | None) -> str | None:
+    """ "" for a dict display or `dict(...)`, the class for `Munch(...)` and its kind,
+    None for anything else."""
+    if isinstance(value, (cst.Dict, cst.DictComp)):
+        return ""
+    callee = (dotted(value.func) or "") if isinstance(value, cst.Call) else ""
+    short = callee.rsplit(".", 1)[-1]
+    if short in DICT_CALLS:
+        return ""
+    return callee if short in MAPPING_CLASSES else None
+
+
+def _bound_value(tree: Tree, name: str, near: cst.CSTNode) -> cst.BaseExpression | None:
+    binding = _binding(tree, name, near)
+    small = _small(binding) if binding is not None else None
+    return small.value if isinstance(small, cst.Assign) else None
+
+
+def _small(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
 
 
 def _resolve_owner(tree: Tree, owner: str, near: cst.CSTNode):
@@ -686,6 +730,8 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
     small = stmt.body[0]
     if isinstance(small, cst.Assign) and any(dotted(t.target) == target for t in small.targets):
         return True
+    if isinstance(small, cst.Assign) and any(_item_of(t.target, target) for t in small.targets):
+        return True  # `nets["d"] = Discriminator()` fills the dict of models
     for call in tree.within(stmt, cst.Call):
         receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
         if (
@@ -701,6 +747,10 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
         not parameter_owners(call) and target in trained_owners(tree.view, call)
         for call in tree.within(stmt, cst.Call)
     )
+
+
+def _item_of(expr: cst.BaseExpression, target: str) -> bool:
+    return isinstance(expr, cst.Subscript) and dotted(expr.value) == target
 
 
 def _is_or_holds(name: str | None, target: str) -> bool:
@@ -759,6 +809,38 @@ def _through_module(
                     "prefix; strip the prefix when loading old checkpoints",
                     f".module.{attr.attr.value}",
                 )
+
+
+def _items_through_module(
+    tree: Tree, plan: Plan, edits: Edits, collections: list, classes: dict[str, str]
+) -> None:
+    """`nets["g"].state_dict()` after each model of `nets` was wrapped: the item is a DDP
+    wrapper now, so its own attributes are read through `.module` (a checkpoint keeps the
+    model's keys, without the `module.` prefix); `nets.g.state_dict()` too in a dict with
+    attribute access (`Munch`)."""
+    for name, statement in collections:
+        container = tree.scope(statement)
+        attribute_items = classes.get(name, "") not in ("", "OrderedDict")
+
+        def item(node: cst.Attribute, name=name, attribute_items=attribute_items) -> bool:
+            value = node.value
+            if attribute_items and isinstance(value, cst.Attribute):
+                return dotted(value.value) == name and value.attr.value not in DICT_METHODS
+            return _item_of(value, name)
+
+        for attr in tree.find(cst.Attribute, item):
+            later = tree.after(attr, statement) and not tree.inside(attr, statement)
+            if not later or tree.scope(attr) is not container or attr.attr.value in MODULE_API:
+                continue
+            item = tree.code(attr.value)
+            edits.replace(attr.value, snippets.expression(f"{item}.module"))
+            code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
+            plan.change(
+                NAME,
+                f"{item}.{attr.attr.value} -> {item}.module.{attr.attr.value}",
+                f".module.{attr.attr.value}",
+                code,
+            )
 
 
 def _branch_of(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:

@@ -60,8 +60,20 @@ BatchNorm: in training mode both runs compute batch statistics with the same Pyt
 converted run all-reduces them across the ranks (SyncBatchNorm's math, autograd included) for
 SyncBatchNorm modules, and on CPU for plain BatchNorm when the script converts to SyncBatchNorm
 on CUDA only (as `ddpify migrate` writes it). A conversion without SyncBatchNorm keeps each
-rank's own statistics, which no single process computes: the gradient comparison is
-inconclusive and names that cause (data and learning-rate differences still fail).
+rank's own statistics, which no single process computes: the comparison with one process is
+inconclusive and names that cause (data and learning-rate differences still fail), and the
+per-rank reference settles it.
+
+Per-rank reference (per_rank.py, probe_reference.py): when the comparison with one process is
+inconclusive only because DDP computes by design what one process cannot (per-process
+BatchNorm statistics, a loss comparing a batch's rows with each other, an adaptive ODE solver,
+a random draw sized by the per-process batch), the original runs a third time, under torchrun
+on the same N processes, as its own DDP: the probe deals rank r the converted rank r's samples
+at its batch size, draws as the converted rank draws, averages the gradients over the ranks
+before clipping and each optimizer step, and checks that the ranks start from rank 0's
+weights. The conversion compared with that is a match (`reference: per-rank`, said in the
+message) or a mismatch; an inconclusive comparison or a reference that cannot run leaves the
+one-process result.
 
 Weights that drift apart: an adaptive optimizer (Adam) turns gradient rounding near its eps
 into steps of up to the learning rate, so after matching gradients the runs may continue from

@@ -138,15 +138,33 @@ def _verify_group(group: list[_Pending], nproc: int, batch_dir: Path) -> list[Ve
             ready.append(item)
     for item, outcome in zip(ready, _launch(ready, "original", None, batch_dir)):
         _settled(item, "original", outcome, nproc)
-    results = []
     for item in group:
         o, session = item.options, item.session
         if not item.failed:
-            session.result = session.judge(
-                nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"]
-            )
-        results.append(session.result)
-    return results
+            session.judge(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
+    _judge_per_rank(group, nproc, batch_dir)
+    return [item.session.result for item in group]
+
+
+def _judge_per_rank(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
+    """The per-rank references of the pairs whose one-process comparison asks for one
+    (Session.wants_reference), in one more torchrun launch; then their verdicts."""
+    wanting = [i for i in group if not i.failed and i.session.wants_reference(nproc)]
+    for item in wanting:  # item.script is the original as run, fixes applied
+        o, session = item.options, item.session
+        config = session.reference_config(
+            item.job.original, item.first_rank, nproc, o["steps"], o["batch_policy"], o["lr_scale"]
+        )
+        item.config_path = session.write_config("reference", config)
+    for item, outcome in zip(wanting, _launch(wanting, "reference", nproc, batch_dir)):
+        o, session = item.options, item.session
+        try:
+            session.settle("reference", outcome)
+            session.reference_records(outcome, nproc)
+        except CouldNotRun as exc:
+            session.reference_failed(exc)
+            continue
+        session.judge_reference(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
 
 
 def _prepare_original(item: _Pending, nproc: int) -> bool:

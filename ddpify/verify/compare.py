@@ -94,6 +94,27 @@ class Comparison:
     # (optimizer, step) from which gradients are no longer like with like: the runs' weights
     # drifted apart there, all of it the optimizer's doing on matching gradients (replayed)
     drifted_at: tuple[int, int] | None = None
+    # The reasons above (of inconclusive and caveats) that the per-rank reference answers,
+    # and what each says differs from the one-process run by design (per_rank.py).
+    per_rank: list[str] = field(default_factory=list)
+    per_rank_causes: list[str] = field(default_factory=list)
+
+    def by_design(self, reason: str, cause: str, against_reference: bool) -> None:
+        """A difference DDP makes by design, which no single process computes: against the
+        one-process run `reason` makes the comparison uncertain (the per-rank reference
+        answers it); against the per-rank reference, which computes it too, `cause` is noted."""
+        self.per_rank_causes.append(cause)
+        if against_reference:
+            self.notes.append(f"by design, as in the per-rank reference: {cause}")
+        else:
+            self.per_rank.append(reason)
+
+    @property
+    def answered_per_rank(self) -> bool:
+        """Whether every doubt about this comparison is one the per-rank reference answers,
+        and nothing is a mismatch whatever else happened (data, learning rate, ranks...)."""
+        doubts = self.inconclusive + self.caveats
+        return bool(doubts) and not self.findings and all(d in self.per_rank for d in doubts)
 
     @property
     def first_mismatch(self) -> Finding | None:
@@ -283,7 +304,8 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
         return next((r["flags"][name] for r in records if r["flags"].get(name)), None)
 
     both = [original, *converted]
-    read_batch_norm_flags(any_flag, converted, nproc, result)
+    against_reference = original.get("role") == "reference"
+    read_batch_norm_flags(any_flag, converted, nproc, result, against_reference)
     read_draws(original, converted, result)
     clipped = any_flag("clip_scaled", [original])
     if clipped and not any_flag("clip_scaled", converted):
@@ -322,19 +344,27 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
         )
     compared = any_flag("batch_comparison", converted)
     if compared:
-        result.caveats.append(
+        reason = (
             "samples of a batch compared with each other (a contrastive loss?): "
             f"`{compared}` in the conversion; each process compares only its own samples, the "
             "single process all of them, so their gradients differ by design unless the "
             "features are gathered across processes first"
         )
+        if not against_reference:
+            result.caveats.append(reason)
+        cause = f"each process compares only its own samples of the batch (`{compared}`)"
+        result.by_design(reason, cause, against_reference)
     solver = any_flag("adaptive_solver", both)
     if solver and nproc > 1:
-        result.inconclusive.append(
+        reason = (
             f"an adaptive-step ODE solver ({solver}) chooses its step sizes from an error norm "
             "over the whole batch: each process integrates its shard with steps of its own, so "
             "the runs agree to the solver's tolerance, not to float rounding"
         )
+        if not against_reference:
+            result.inconclusive.append(reason)
+        cause = f"the adaptive ODE solver ({solver}) chooses each process's step sizes itself"
+        result.by_design(reason, cause, against_reference)
     sampler = any_flag("unaligned_sampler", both)
     if sampler:
         result.inconclusive.append(f"data order could not be aligned: {sampler}")
@@ -363,7 +393,9 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
             )
 
 
-def read_batch_norm_flags(any_flag, converted: list[dict], nproc: int, result) -> None:
+def read_batch_norm_flags(
+    any_flag, converted: list[dict], nproc: int, result, against_reference: bool = False
+) -> None:
     if nproc < 2:
         return
     synced = any_flag("sync_bn", converted)
@@ -381,20 +413,26 @@ def read_batch_norm_flags(any_flag, converted: list[dict], nproc: int, result) -
     if any_flag("local_bn", converted):
         # Per-process statistics are a legitimate DDP set-up (DDP030 is info level; SyncBatchNorm
         # cannot run on CPU at all), but no single-process run computes them: inconclusive, not
-        # a pass and not a mismatch (anchors: verify's reliability gate).
-        result.inconclusive.append(
+        # a pass and not a mismatch (anchors: verify's reliability gate). The per-rank
+        # reference, which keeps each process's statistics too, answers it.
+        reason = (
             "BatchNorm without SyncBatchNorm: each process normalises with the statistics of "
             "its own part of the batch, the single process with those of the whole batch, so "
             "their gradients cannot be compared (convert with "
             "nn.SyncBatchNorm.convert_sync_batchnorm before the DDP wrap, on CUDA, DDP030)"
         )
+        if not against_reference:
+            result.inconclusive.append(reason)
+        cause = "BatchNorm statistics are per process"
+        result.by_design(reason, cause, against_reference)
 
 
 def read_draws(original: dict, converted: list[dict], result: Comparison) -> None:
     """The original must have drawn, in order, the whole draws the ranks sliced theirs from."""
     ours, theirs = original.get("draws", []), converted[0].get("draws", [])
     sliced = sum(1 for draw in theirs if draw[2] is not None)
-    if not sliced:
+    resized = any(list(mine[1]) != list(their[1]) for mine, their in zip(ours, theirs))
+    if not sliced and not resized:
         return
     states = [r.get("draws", []) for r in converted]
     for index, (mine, their) in enumerate(zip(ours, theirs)):
@@ -408,11 +446,20 @@ def read_draws(original: dict, converted: list[dict], result: Comparison) -> Non
             )
             return
         if list(mine[1]) != list(their[1]):
-            result.inconclusive.append(
+            reason = (
                 f"random draws could not be aligned: draw {index + 1} ({their[0]}) was "
                 f"{tuple(their[1])} in the converted run (sliced along dim {their[2]}), "
                 f"{tuple(mine[1])} in the original"
             )
+            result.inconclusive.append(reason)
+            if their[2] is None and original.get("role") != "reference":
+                # Not a batch-shaped draw the probe could make whole: its size follows the
+                # per-process batch some other way (antithetic timesteps, n // 2 + 1).
+                cause = (
+                    f"random draw {index + 1} ({their[0]}) is sized by the per-process batch: "
+                    f"{tuple(their[1])} on each process, {tuple(mine[1])} in one"
+                )
+                result.by_design(reason, cause, False)
             return
     if len(ours) != len(theirs) and min(len(ours), len(theirs)) < MAX_DRAWS_COMPARED:
         result.inconclusive.append(

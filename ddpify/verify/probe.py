@@ -31,6 +31,9 @@ What it does to the run (the same in both runs unless said otherwise):
 - the original's learning rate is multiplied by the migration's LR scale for each step;
 - records initial weights, gradients before every optimizer step, and weights after K steps,
   then stops the script with SystemExit(0) on every rank (all ranks reach step K together);
+- role "reference" (the original under torchrun, as its own DDP; see probe_reference.py):
+  each rank gets the converted rank's share of the data and batch size, draws as it does,
+  averages the gradients over the ranks, and keeps its own BatchNorm statistics;
 - notes what makes a comparison inconclusive or explains a difference: sum-reduced losses,
   random numbers drawn by the data pipeline or the loop outside the draws above, autocast,
   BatchNorm with per-rank statistics, clip_grad_norm_ on gradients a GradScaler still scales.
@@ -136,6 +139,7 @@ class Probe:
         # made, and per loader since the last step (only the loader feeding a step counts)
         self.padded_now = 0
         self.padded_pending: dict[int | None, int] = {}
+        self.reference = None  # the per-rank reference's share and averaging (role reference)
 
     # -- flags ---------------------------------------------------------------------------------
 
@@ -149,6 +153,8 @@ class Probe:
     # -- installation --------------------------------------------------------------------------
 
     def install(self) -> None:
+        if self.role == "reference":
+            self.reference = reference_rank(self)
         self.seed_everything()
         self.share_gpus()
         self.patch_data()
@@ -240,12 +246,16 @@ class Probe:
 
         def watched_unscale(self, optimizer):
             probe.scaled_grads_pending = False
+            if probe.reference is not None:  # DDP averaged them during backward
+                probe.reference.average(optimizer)
             return unscale(self, optimizer)
 
         GradScaler.scale, GradScaler.unscale_ = watched_scale, watched_unscale
 
         def watch_clip(clip):
             def clipped(*args, **kwargs):
+                if probe.reference is not None:  # DDP averaged them during backward
+                    probe.reference.average_pending()
                 if probe.scaled_grads_pending:
                     probe.flag("clip_scaled", clip.__name__)
                 return clip(*args, **kwargs)
@@ -314,6 +324,8 @@ class Probe:
             bound.apply_defaults()
             arguments = bound.arguments
             arguments["batch_size"] = probe.loader_batch_size(self, arguments)
+            if probe.reference is not None:
+                probe.deal_reference_share(self._ddpify_index, arguments)
             arguments["num_workers"] = 0
             arguments["persistent_workers"] = False
             arguments["prefetch_factor"] = None
@@ -524,15 +536,42 @@ class Probe:
             "sampler": type(arguments["sampler"]).__name__ if arguments["sampler"] else None,
             "iterable": isinstance(dataset, IterableDataset),
         }
+        sampler = arguments["sampler"]
+        info["sampler_settings"] = {
+            "shuffle": getattr(sampler, "shuffle", None),
+            "drop_last": getattr(sampler, "drop_last", None),
+        }
         self.loaders.append(info)
         self.record["loaders"].append(info)
         if info["iterable"]:
             self.flag("unaligned_sampler", "an IterableDataset decides its own order")
-        if self.role != "original" or native is None:
+        if self.role == "converted" or native is None:
             return native
         policy, factor = self.original_batch_policy(index, native)
         info.update(policy=policy, used_batch_size=native * factor)
+        if self.role == "reference":  # the converted rank's batch; the global one recorded
+            theirs = self.converted_loader(index).get("batch_size")
+            return theirs if theirs is not None else native * factor // self.world
         return native * factor
+
+    def converted_loader(self, index: int) -> dict:
+        """What the converted run's rank 0 recorded of its `index`-th DataLoader."""
+        loaders = self.config.get("converted_loaders") or []
+        return loaders[index] if index < len(loaders) else {}
+
+    def deal_reference_share(self, index: int, arguments: dict) -> None:
+        """Where the converted run's loader has a DistributedSampler, give this reference
+        process the same share: the original's own order (shuffle or not) becomes one."""
+        theirs = self.converted_loader(index)
+        if theirs.get("sampler") != "DistributedSampler":
+            return
+        if arguments["sampler"] is not None or arguments["batch_sampler"] is not None:
+            self.flag("unaligned_sampler", "the original's own sampler: not dealt out per rank")
+            return
+        if self.loaders[index]["iterable"]:
+            return
+        arguments["sampler"] = self.reference.sampler(arguments["dataset"], theirs)
+        arguments["shuffle"] = None
 
     def original_batch_policy(self, index: int, native: int) -> tuple[str | None, int]:
         nproc = int(self.config["nproc"])
@@ -683,9 +722,16 @@ class Probe:
 
         SyncBatchNorm.forward = sync_forward
 
-    def sync_batch_norm(self, input) -> bool:
-        """Whether this batch-statistics BatchNorm call all-reduces its statistics."""
+    def sync_batch_norm(self, input):
+        """Whether this batch-statistics BatchNorm call all-reduces its statistics (True, or
+        in the per-rank reference the function that sums over its processes)."""
         dist = self.torch.distributed
+        if self.role == "reference" and self.world > 1:
+            if self.config.get("converted_sync_bn"):  # the conversion's SyncBatchNorm, too
+                self.flag("sync_bn", "as the conversion")
+                return self.reference.summed
+            self.flag("local_bn")  # each reference process normalises its own share
+            return False
         if self.role != "converted" or not (dist.is_available() and dist.is_initialized()):
             return False
         if dist.get_world_size() < 2:
@@ -747,6 +793,8 @@ class Probe:
             # which tensors optimizers share (compare replays them together; names can clash)
             self.record.setdefault("param_ids", {})[index] = [id(p) for p in self.params(opt)]
             self.record["optimizers"][index]["groups"] = group_settings(opt)
+        if self.reference is not None:
+            self.reference.average(opt)
         native_lrs = [lr_value(group["lr"]) for group in opt.param_groups]
         scale = self.lr_scale(opt, native_lrs)
         if scale != 1.0:
@@ -775,7 +823,7 @@ class Probe:
 
     def lr_scale(self, opt, native_lrs: list[float]) -> float:
         """The original's LR multiplier, decided at its first step and kept for every step."""
-        if self.role != "original":
+        if self.role == "converted":
             return 1.0
         if opt._ddpify_lr_scale is None:
             opt._ddpify_lr_scale = self.choose_lr_scale(opt._ddpify_index, native_lrs)
@@ -841,7 +889,18 @@ class Probe:
             "rank": self.rank,
             "steps": sum(1 for s in self.record["steps"] if s["optimizer"] == 0),
             "batch_sizes": [loader["batch_size"] for loader in self.loaders],
+            "loaders": [
+                {
+                    "batch_size": loader["batch_size"],
+                    "sampler": loader["sampler"],
+                    **loader["sampler_settings"],
+                }
+                for loader in self.loaders
+            ],
             "first_lrs": [first_lrs.get(i, []) for i in range(len(self.optimizers))],
+            # how BatchNorm ran, which the per-rank reference repeats
+            "sync_bn": self.record["flags"].get("sync_bn"),
+            "local_bn": self.record["flags"].get("local_bn"),
         }
 
 
@@ -869,7 +928,7 @@ class RandomDraws:
 
     def batch_dim(self, shape, kind: str) -> int | None:
         rows, world = self.rows, self.probe.world
-        if not rows or world < 2 or self.probe.role != "converted":
+        if not rows or world < 2 or self.probe.role == "original":
             return None
         exact = [d for d, size in enumerate(shape) if size == rows]
         if len(exact) == 1 or (exact and kind != "dropout"):
@@ -1034,6 +1093,18 @@ class RandomDraws:
         return draw
 
 
+def reference_rank(probe):
+    """The per-rank reference's side of this process (probe_reference.py, beside this file)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from probe_reference import ReferenceRank
+    finally:
+        sys.path.pop(0)
+    rank = ReferenceRank(probe)
+    rank.install()
+    return rank
+
+
 def block_bounds(rows: int, rank: int, world: int) -> tuple[int, int]:
     """Rank `rank`'s rows of a batch of `rows`, as `ddpify migrate` splits hand-made batches."""
     return rank * rows // world, (rank + 1) * rows // world
@@ -1089,17 +1160,23 @@ def batch_norm_options(args, kwargs) -> tuple[bool, float, float]:
 
 def python_batch_norm(torch, input, running_mean, running_var, weight, bias, momentum, eps, sync):
     """Batch normalisation with batch statistics, optionally summed over all ranks (autograd
-    through the all-reduce: SyncBatchNorm's math). Two passes, mean then variance."""
+    through the all-reduce: SyncBatchNorm's math). Two passes, mean then variance. `sync` is
+    False, True (over the default group) or a function summing a tensor over the ranks with
+    autograd (the per-rank reference's own group)."""
     from torch.distributed.nn.functional import all_reduce
 
     def total(tensor):
+        if callable(sync):
+            return sync(tensor)
         return all_reduce(tensor) if sync else tensor
 
     x = input if input.dtype == torch.float64 else input.float()  # float64 stays exact
     dims = [0, *range(2, x.dim())]
     shape = [1, x.size(1)] + [1] * (x.dim() - 2)
     count = torch.tensor([x.numel() / x.size(1)], dtype=torch.float64, device=x.device)
-    if sync:
+    if callable(sync):
+        count = sync(count)
+    elif sync:
         torch.distributed.all_reduce(count)
     n = float(count.item())
     mean = total(x.sum(dims)) / n
@@ -1278,6 +1355,7 @@ def project_batch_comparison(script: str, files: ProjectFiles | None = None) -> 
     """The first comparison of a batch's rows with each other (a contrastive loss) in the
     script or a local module it imports, as `code (file:line)`; None when there is none."""
     import libcst as cst
+    import libcst.metadata
 
     from ddpify.analysis.batch_coupling import batch_comparisons
     from ddpify.analysis.tree import Tree
@@ -1289,7 +1367,9 @@ def project_batch_comparison(script: str, files: ProjectFiles | None = None) -> 
             continue
         tree = Tree(module)
         for node in batch_comparisons(tree):
-            line = text[: text.find(tree.code(node))].count("\n") + 1
+            # Its own line, not that of the first text like it (a docstring may quote it).
+            wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+            line = wrapper.resolve(cst.metadata.PositionProvider)[node].start.line
             return f"{tree.code(node)} ({path.name}:{line})"
     return None
 

@@ -26,6 +26,10 @@ class VerifyResult:
     converted_output: str = ""
     failed_run: str | None = None  # "original" or "converted" when one could not run
     seconds: dict = field(default_factory=dict)
+    # what the conversion was judged against: the original as one process, or (per_rank.py)
+    # the original run as DDP, for what DDP computes by design and one process cannot
+    reference: str = "one-process"
+    per_rank_causes: list[str] = field(default_factory=list)
 
     @property
     def first_mismatch(self) -> Finding | None:
@@ -45,6 +49,8 @@ class VerifyResult:
             "exit_code": self.exit_code,
             "verdict": self.verdict,
             "message": self.message,
+            "reference": self.reference,
+            "per_rank_causes": self.per_rank_causes,
             "first_mismatch": first.as_dict() if first else None,
             "findings": [f.as_dict() for f in self.findings],
             "inconclusive": self.inconclusive,
@@ -74,6 +80,12 @@ def render_text(result: VerifyResult) -> str:
             f"ddpify verify: {settings.get('original')} (1 process) vs "
             f"{settings.get('converted')} ({settings.get('nproc')} processes), "
             f"{settings.get('steps')} optimizer steps"
+        )
+    if result.reference == "per-rank":
+        lines.append(
+            f"compared with the original run as DDP on {settings.get('nproc')} processes "
+            "(per-rank reference: each its share of the batch, gradients averaged), because "
+            "DDP differs from one process by design here: " + "; ".join(result.per_rank_causes)
         )
     if result.steps:
         lines.append("")

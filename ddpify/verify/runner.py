@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 from ddpify.verify.compare import Comparison, compare_runs
 from ddpify.verify.launcher import RunOutcome, launch, probe_command, probe_environment
 from ddpify.verify.original_fixes import fix_original
+from ddpify.verify.per_rank import PER_RANK, check_shares, merged_reference, reference_message
 from ddpify.verify.report import (
     EXIT_COULD_NOT_RUN,
     EXIT_MATCH,
@@ -80,7 +82,15 @@ def run_verify(
             result.failed_run = exc.role
             return result
         torch_import.join()
-        return session.judge(nproc, steps, batch_policy, rtol, atol)
+        session.judge(nproc, steps, batch_policy, rtol, atol)
+        if not session.wants_reference(nproc):
+            return session.result
+        config = session.reference_config(original, conv[0], nproc, steps, batch_policy, lr_scale)
+        try:
+            session.run_reference(script, config, nproc)
+        except CouldNotRun as exc:
+            return session.reference_failed(exc)
+        return session.judge_reference(nproc, steps, batch_policy, rtol, atol)
 
 
 def new_result(
@@ -120,6 +130,9 @@ class Session:
         self.work, self.cwd, self.script_args, self.timeout = work, cwd, script_args, timeout
         self.result = result
         self.extra_env: dict[str, str] = {}
+        self.comparison: Comparison | None = None  # with the one-process original
+        self.converted: list[dict] = []  # the converted run's records, once judged
+        self.run_notes: list[str] = []  # the notes about the runs, not the comparison
 
     def choose_device(self, nproc: int) -> None:
         """A GPU per process: as the script decides (nccl). Fewer: the ranks share them over
@@ -203,6 +216,43 @@ class Session:
         }
         return config
 
+    def reference_config(self, original, converted0, nproc, steps, batch_policy, lr_scale):
+        """The per-rank reference's settings: the original's, and how the conversion's
+        DataLoaders deal out their samples (per_rank.py, probe_reference.py)."""
+        config = self.original_config(original, converted0, nproc, steps, batch_policy, lr_scale)
+        synced = bool(converted0.get("sync_bn")) and not converted0.get("local_bn")
+        return {
+            **config,
+            "role": "reference",
+            "converted_loaders": converted0.get("loaders"),
+            "converted_sync_bn": synced,
+        }
+
+    def run_reference(self, script: Path, config: dict, nproc: int) -> None:
+        self.reference_records(self.launch("reference", script, config, nproc), nproc)
+
+    def reference_records(self, outcome: RunOutcome, nproc: int) -> None:
+        noted = len(self.result.notes)
+        self.records("reference", outcome, nproc, self.result.settings["steps"])
+        self.run_notes.extend(self.result.notes[noted:])  # about the run: they carry over
+
+    def wants_reference(self, nproc: int) -> bool:
+        """Whether the one-process comparison was inconclusive only for reasons the per-rank
+        reference answers. Not for hand-made batches the conversion split by rank: the
+        reference cannot split the original's batches where the migration did."""
+        comparison = self.comparison
+        if nproc < 2 or comparison is None or self.result.verdict != "inconclusive":
+            return False
+        split = any(s.get("split") for r in self.converted for s in r["steps"])
+        return comparison.answered_per_rank and not split
+
+    def reference_failed(self, exc: CouldNotRun) -> VerifyResult:
+        self.result.notes.append(
+            f"the per-rank reference (the original run as DDP on the same processes) could "
+            f"not run, so the result stays inconclusive: {exc}"
+        )
+        return self.result
+
     def original_records(self, outcome: RunOutcome) -> None:
         self.result.original_output = outcome.output
         self.records("original", outcome, 1, self.result.settings["steps"])
@@ -242,11 +292,35 @@ class Session:
     def judge(self, nproc, steps, batch_policy, rtol, atol) -> VerifyResult:
         """Compare the two runs' records and conclude (both runs are done)."""
         orig = self.load("original", 1)[0]
-        conv = self.load("converted", nproc)
+        self.converted = conv = self.load("converted", nproc)
         comparison = compare_runs(orig, conv, nproc, batch_policy, rtol, atol)
+        self.comparison = comparison
         tolerance = {"rtol": comparison.tolerance[0], "atol": comparison.tolerance[1]}
         self.result.settings["tolerance"] = tolerance
+        self.run_notes = list(self.result.notes)
         return conclude(self.result, comparison, steps)
+
+    def judge_reference(self, nproc, steps, batch_policy, rtol, atol) -> VerifyResult:
+        """Compare the conversion with the per-rank reference (that run is done): a match or
+        a mismatch replaces the one-process result; an inconclusive one leaves it."""
+        references = self.load("reference", nproc)
+        merged = merged_reference(references)
+        comparison = compare_runs(merged, self.converted, nproc, batch_policy, rtol, atol)
+        check_shares(references, self.converted, comparison)
+        first = self.result
+        judged = conclude(replace_result(first, self.run_notes), comparison, steps)
+        if judged.verdict not in ("match", "mismatch"):
+            first.notes.append(
+                "the per-rank reference (the original run as DDP on the same processes) "
+                f"settles nothing either: {judged.message}"
+            )
+            return first
+        causes = self.comparison.per_rank_causes if self.comparison else []
+        judged.reference, judged.per_rank_causes = PER_RANK, list(dict.fromkeys(causes))
+        judged.message = reference_message(judged.verdict, judged.message, causes)
+        judged.notes.append(f"against the one-process run: {first.verdict}: {first.message}")
+        self.result = judged
+        return judged
 
     def load(self, role: str, nproc: int) -> list[dict]:
         import torch
@@ -276,6 +350,13 @@ class Session:
         if reached < steps:
             self.result.notes.append(f"the {role} script ended after {reached} of {steps} steps")
         return records
+
+
+def replace_result(result: VerifyResult, notes: list[str]) -> VerifyResult:
+    """A copy of `result` as it was before judging: its settings, outputs and run notes."""
+    return dataclasses.replace(
+        result, steps=[], findings=[], inconclusive=[], notes=list(notes), settings=result.settings
+    )
 
 
 def visible_gpus() -> int:

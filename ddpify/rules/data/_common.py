@@ -89,7 +89,7 @@ _FEEDING_HANDLERS = tuple(
 def facts_for(context: Context) -> LoaderFacts:
     facts = _FACTS.get(context)
     if facts is None:
-        facts = _FACTS[context] = LoaderFacts(context.model)
+        facts = _FACTS[context] = LoaderFacts(context.model, lambda: context.tree)
     return facts
 
 

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.loaders import LoaderCall, SamplerCall
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
+from ddpify.analysis.roles import iterated_name
 from ddpify.diagnostics import Severity
 from ddpify.rules.data._common import (
     LoaderRule,
@@ -19,9 +21,6 @@ from ddpify.rules.data._common import (
     looks_like_eval,
 )
 from ddpify.walk import children
-
-# Wrappers around an iterable in `for x in tqdm(enumerate(loader))`.
-_ITERATION_WRAPPERS = {"enumerate", "tqdm", "iter", "zip", "track"}
 
 
 @dataclass(frozen=True)
@@ -46,13 +45,21 @@ class EvalPaddingDuplicates(LoaderRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.rank_zero_uses: list[_Use] = []
+        self.bars: list[tuple[cst.For, tuple[cst.CSTNode, ...]]] = []
 
     def visit_For(self, node: cst.For) -> None:
         if self.feeds:
             self._feed(node)
-        name = _iterated_name(node.iter)
-        if name is not None and _loader_like(name) and self.context.rank_zero_scope():
-            self.rank_zero_uses.append(_Use(name, node.iter))
+        name = iterated_name(node)  # as written, through enumerate(), tqdm(), zip()
+        if name is None:
+            return
+        if _loader_like(name):
+            if self.context.rank_zero_scope():
+                self.rank_zero_uses.append(_Use(name, node.iter))
+        elif "." not in name:
+            # `for x in pbar`: what the bar wraps is asked of the tree in leave_Module,
+            # and only then whether the loop runs on rank 0 only.
+            self.bars.append((node, tuple(self.context.ancestors)))
 
     def visit_Call(self, node: cst.Call) -> None:
         if self.feeds:
@@ -69,6 +76,10 @@ class EvalPaddingDuplicates(LoaderRule):
         model = self.context.model
         if model.framework is not None or not is_distributed(model):
             return
+        for loop, ancestors in self.bars:
+            name = iterated_name(loop, self.context.tree)
+            if name is not None and _loader_like(name) and rank_zero_scope(ancestors):
+                self.rank_zero_uses.append(_Use(name, loop.iter))
         reported = self._rank_zero_shards()
         trims = None
         for sampler in self.facts.samplers:
@@ -116,16 +127,6 @@ class EvalPaddingDuplicates(LoaderRule):
             for loader in self.facts.loaders
             if self.facts.distributed_sampler_of(loader) is sampler
         ]
-
-
-def _iterated_name(expr: cst.BaseExpression) -> str | None:
-    """`val_loader` of `val_loader`, `enumerate(val_loader)`, `tqdm(val_loader)`."""
-    while isinstance(expr, cst.Call) and expr.args:
-        callee = dotted(expr.func) or ""
-        if callee.rsplit(".", 1)[-1] not in _ITERATION_WRAPPERS:
-            return None
-        expr = expr.args[0].value
-    return dotted(expr)
 
 
 def _last_identifier(expr: cst.BaseExpression) -> str:

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.guards import single_process_branch
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.diagnostics import Severity
 from ddpify.rules.devices._common import (
@@ -163,14 +164,20 @@ class DeviceNotLocalRank(DistributedRule):
             return
         spelling = self._spelling(node)
         if index is None:
-            if self.context.rank_zero_scope() is None:
+            if self._on_every_rank():
                 self.current_device_uses.append((node, spelling))
         else:
             self._fixed(node, spelling, index)
 
     def _fixed(self, node: cst.CSTNode, spelling: str, index: int) -> None:
-        if self.context.rank_zero_scope() is None:
+        if self._on_every_rank():
             self.fixed_index_uses.append((node, spelling, index))
+
+    def _on_every_rank(self) -> bool:
+        """Not rank 0's alone, and not a branch for a run of one process (the `else` of
+        `elif args.distributed:`), where GPU 0 is the only GPU in use."""
+        ancestors = self.context.ancestors
+        return self.context.rank_zero_scope() is None and not single_process_branch(ancestors)
 
     def _spelling(self, node: cst.CSTNode) -> str:
         code = self.context.code(node)

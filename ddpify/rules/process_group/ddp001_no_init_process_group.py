@@ -7,6 +7,8 @@ import libcst as cst
 
 from ddpify.analysis.guards import exits
 from ddpify.analysis.names import dotted, find_arg, identifiers
+from ddpify.analysis.project import LocalFunction
+from ddpify.analysis.reachability import enclosing_top_level_function, functions_run_by_module
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.process_group._common import (
@@ -45,6 +47,10 @@ class _Use:
     node: cst.Call
     conditions: list[cst.CSTNode]
     top_level: bool
+    function: cst.FunctionDef | cst.ClassDef | None  # the module-level def or class it sits in
+    # In a `test_*` function or method: the test harness creates the group (a
+    # distributed test case's setUp, a pytest fixture).
+    in_test: bool
 
 
 @dataclass
@@ -88,12 +94,27 @@ class _Scan:
             return
         if id(node) in self.use_ids:
             ancestors = self.ancestors
-            self.uses.append(_Use(node, _conditions(ancestors), not in_function(ancestors)))
+            self.uses.append(
+                _Use(
+                    node,
+                    _conditions(ancestors),
+                    not in_function(ancestors),
+                    enclosing_top_level_function(ancestors),
+                    _in_test(ancestors),
+                )
+            )
         else:
             self.calls.append(node)
 
     def leave(self, node: cst.CSTNode) -> None:
         self.ancestors.pop()
+
+
+def _in_test(ancestors: list[cst.CSTNode]) -> bool:
+    return any(
+        isinstance(node, cst.FunctionDef) and node.name.value.startswith("test")
+        for node in ancestors
+    )
 
 
 def _samples_explicitly(call: cst.Call) -> bool:
@@ -151,12 +172,24 @@ class NoInitProcessGroup(Rule):
         top_level = any(use.top_level for use in scan.uses)
         if not top_level and not is_entry_script(node, model.functions):
             return  # a library module: the caller initialises
-        uses = [use for use in scan.uses if not self._guarded(use)]
+        uses = [use for use in scan.uses if not self._guarded(use) and not use.in_test]
+        uses = self._run_here(node, uses)
         if not uses:
             return
         severity, helper = self._severity(scan.calls)
         if severity is not None:
             self._report(uses[0].node, severity, helper)
+
+    @staticmethod
+    def _run_here(module: cst.Module, uses: list[_Use]) -> list[_Use]:
+        """The uses this file's own code may run. One in a function or class the file never
+        reaches (`get_dataloader(..., distributed)` in a datasets module whose `__main__`
+        block only prints a table; a test class a test runner finds) runs when other code
+        calls it, after that code set up the group."""
+        if all(use.function is None for use in uses):
+            return uses
+        run = functions_run_by_module(module)
+        return [use for use in uses if use.function is None or use.function.name.value in run]
 
     def _report(self, use: cst.Call, severity: Severity, helper: str | None) -> None:
         callee = self.context.code(use.func)
@@ -175,6 +208,8 @@ class NoInitProcessGroup(Rule):
     def _severity(self, calls: list[cst.Call]) -> tuple[Severity | None, str | None]:
         """Error, or info naming a helper that may initialise; None when one surely does."""
         functions = self.context.model.functions
+        if any(self._initialises_elsewhere(call) for call in calls):
+            return None, None
         info_helper = None
         for helper in filter(None, map(self._helper, calls)):
             if helper.setup_named and helper.name not in functions:
@@ -184,6 +219,18 @@ class NoInitProcessGroup(Rule):
         if info_helper is not None:
             return Severity.INFO, info_helper
         return Severity.ERROR, None
+
+    def _initialises_elsewhere(self, call: cst.Call) -> bool:
+        """A helper of a local module whose body creates the group, whatever its name
+        (`dist.init()` with `from torch_utils import distributed as dist`)."""
+        callee = self.context.local_callee(call.func)
+        if not isinstance(callee, LocalFunction):
+            return False
+        qualify = callee.imports.qualify
+        return contains(
+            callee.node.body,
+            lambda node: isinstance(node, cst.Call) and qualify(node.func) in INIT_CALLS,
+        )
 
     def _helper(self, call: cst.Call) -> _HelperCall | None:
         """A call that may create the group out of sight: a set-up helper, or one given ranks."""

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from ddpify.analysis.epochs import epoch_loops
 from ddpify.analysis.names import dotted, find_arg
 from ddpify.analysis.project import LocalFunction
 from ddpify.analysis.seeding import (
@@ -138,7 +139,7 @@ class SameSeedEveryRank(DistributedRule):
             # Weaker evidence than a draw in this file: a package holds datasets this script
             # may not use, so it counts only for a script that trains (an epoch loop), not
             # for an inference script beside it.
-            if not self.model.epoch_loops():
+            if not epoch_loops(self.context.tree):
                 return
             evidence = augmenting_modules(self.context.local)
             if not evidence:

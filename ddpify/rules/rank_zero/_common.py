@@ -22,6 +22,7 @@ from ddpify.analysis.guards import (
     Guard,
     Scope,
     classify,
+    excludes_rank_zero,
     rank_zero_scope,
 )
 from ddpify.analysis.model import unwrap_call_chain
@@ -126,16 +127,16 @@ def _is_main_check(test: cst.BaseExpression) -> bool:
 
 
 def non_zero_guarded(ancestors: Sequence[cst.CSTNode]) -> bool:
-    """Whether the last node runs on the ranks other than 0 (`if rank != 0:`, `else:`)."""
+    """Whether the last node runs on the ranks other than 0 (`if rank != 0:`, `else:`,
+    `if not is_leader and num_gpus > 1:`)."""
     for parent, child in zip(ancestors, ancestors[1:]):
-        if isinstance(parent, cst.If):
-            guard = classify(parent.test)
-            if guard is None:
-                continue
-            if (guard[0] is Guard.NON_ZERO and child is parent.body) or (
-                guard[0] is Guard.RANK_ZERO and child is parent.orelse
-            ):
-                return True
+        if not isinstance(parent, cst.If):
+            continue
+        if child is parent.body and excludes_rank_zero(parent.test):
+            return True
+        guard = classify(parent.test)
+        if guard is not None and guard[0] is Guard.RANK_ZERO and child is parent.orelse:
+            return True
     return False
 
 
@@ -155,6 +156,7 @@ class Site:
 
     ancestors: Ancestors
     every_rank: bool = False  # the target of mp.spawn / Process: runs in every worker
+    receiver: str | None = None  # `evaluator` of `evaluator.evaluate()`
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,9 @@ class RankZeroFacts:
             if isinstance(call.func, cst.Name):
                 self.sites[call.func.value].append(Site(ancestors))
             elif isinstance(call.func, cst.Attribute):
-                self.method_sites[call.func.attr.value].append(Site(ancestors))
+                receiver = dotted(call.func.value)
+                site = Site(ancestors, receiver=receiver)
+                self.method_sites[call.func.attr.value].append(site)
         spawned = self._spawned_function(call, qualified)
         for arg in call.args:
             if isinstance(arg.value, cst.Name):
@@ -288,7 +292,7 @@ class RankZeroFacts:
         return self._resolve(ancestors, launcher_counts, set())
 
     def _resolve(self, ancestors: Ancestors, launcher_counts: bool, active: set) -> Resolution:
-        scope = rank_zero_scope(ancestors)
+        scope = rank_zero_scope(ancestors) or self._flag_guard_scope(ancestors)
         if scope is not None:
             return Resolution(scope)
         if launcher_counts and self.spawns_workers() and under_main_block(ancestors):
@@ -297,6 +301,34 @@ class RankZeroFacts:
         if function is None:
             return EVERY_RANK
         return self._function(function, ancestors, launcher_counts, active)
+
+    def _flag_guard_scope(self, ancestors: Ancestors) -> Scope | None:
+        """`if args.should_save:` where every assignment of `args.should_save` in the file
+        is a rank-0 test (`... and is_master(args)`): a guard kept in a flag."""
+        for parent, child in zip(ancestors, ancestors[1:]):
+            if not isinstance(parent, cst.If) or child is not parent.body:
+                continue
+            for name in _conjuncts(parent.test):
+                scope = self._flag_scope(name)
+                if scope is not None:
+                    return scope
+        return None
+
+    def is_guard_flag(self, name: str) -> bool:
+        return self._flag_scope(name) is not None
+
+    def _flag_scope(self, name: str) -> Scope | None:
+        values = [
+            binding.value
+            for (_, bound), bindings in self.bindings.items()
+            if bound == name
+            for binding in bindings
+            if not binding.item
+        ]
+        guards = [classify(value) for value in values]
+        if not values or not all(g is not None and g[0] is Guard.RANK_ZERO for g in guards):
+            return None
+        return Scope.LOCAL if any(g[1] is Scope.LOCAL for g in guards) else Scope.GLOBAL
 
     def _function(self, function, ancestors, launcher_counts, active) -> Resolution:
         name = function.name.value
@@ -325,7 +357,28 @@ class RankZeroFacts:
             return self.sites.get(name, [])
         if name == "__init__" and isinstance(cls, cst.ClassDef):
             return self.sites.get(cls.name.value, [])
-        return self.method_sites.get(name, [])
+        sites = self.method_sites.get(name, [])
+        if isinstance(cls, cst.ClassDef):
+            sites = [site for site in sites if not self._other_class(site.receiver, cls)]
+        return sites
+
+    def _other_class(self, receiver: str | None, cls: cst.ClassDef) -> bool:
+        """Whether every assignment of `receiver` in the file builds something other than
+        `cls` (`coco_eval = COCOeval(...)`; `coco_eval.evaluate()` is not `cls.evaluate`)."""
+        if receiver is None or receiver in ("self", "cls"):
+            return False
+        values = [
+            binding.value
+            for (_, name), bindings in self.bindings.items()
+            if name == receiver
+            for binding in bindings
+            if not binding.item
+        ]
+        return bool(values) and all(
+            isinstance(value, cst.Call)
+            and (dotted(value.func) or "").rsplit(".", 1)[-1] not in ("", cls.name.value)
+            for value in values
+        )
 
     # -- the DDP wrapper ---------------------------------------------------------------
 
@@ -392,6 +445,27 @@ def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> boo
     """Whether every path reaching `ancestors`' node went through `binding`."""
     shared = {id(a) for a in ancestors}
     return binding.conditions() <= shared and not isinstance(binding.value, cst.IfExp)
+
+
+def under_flag(ancestors: Sequence[cst.CSTNode], is_guard_flag) -> bool:
+    """Whether the last node sits in the body of an `if` that requires a guard flag."""
+    return any(
+        isinstance(parent, cst.If)
+        and child is parent.body
+        and any(is_guard_flag(name) for name in _conjuncts(parent.test))
+        for parent, child in zip(ancestors, ancestors[1:])
+    )
+
+
+def _conjuncts(test: cst.BaseExpression) -> Iterator[str]:
+    """The names and attributes `test` requires: `a and b.c and f(x)` -> a, b.c."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        yield from _conjuncts(test.left)
+        yield from _conjuncts(test.right)
+        return
+    name = dotted(test)
+    if name is not None:
+        yield name
 
 
 def _weakest(results: Iterable[Resolution], helper: str) -> Resolution:

@@ -6,6 +6,7 @@ import libcst as cst
 
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.names import dotted
+from ddpify.analysis.project import LocalFunction
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     Ancestors,
@@ -13,6 +14,7 @@ from ddpify.rules.rank_zero._common import (
     keyword_arg,
     mentions_rank,
     positional_arg,
+    under_flag,
 )
 from ddpify.walk import walk
 
@@ -33,6 +35,7 @@ class _Save:
     callee: str
     ancestors: Ancestors
     defined_in: str | None = None  # a helper of another module that saves: its file
+    helper: LocalFunction | None = None  # that helper
 
 
 class UnguardedSave(RankZeroRule):
@@ -67,8 +70,9 @@ class UnguardedSave(RankZeroRule):
         if qualified is None or not self.context.model.is_distributed:
             return
         helper = self.context.local_function(qualified)
-        if helper is not None and saves_on_any_rank(helper.node, helper.imports.qualify):
-            self.saves.append(_Save(node, qualified, self.snapshot(), helper.path.name))
+        if helper is not None:  # judged at the end, when every guard flag is known
+            save = _Save(node, qualified, self.snapshot(), helper.path.name, helper)
+            self.saves.append(save)
 
     @staticmethod
     def _save_callee(node: cst.Call, qualified: str | None) -> str | None:
@@ -108,6 +112,10 @@ class UnguardedSave(RankZeroRule):
         if not self.saves or self.delegates_to_framework() or not self.context.model.is_distributed:
             return
         for save in self.saves:
+            if save.helper is not None and not saves_on_any_rank(
+                save.helper.node, save.helper.imports.qualify, self.facts.is_guard_flag
+            ):
+                continue
             resolution = self.facts.resolve(save.ancestors)
             if not resolution.known or resolution.scope is Scope.GLOBAL:
                 continue
@@ -143,22 +151,38 @@ def _local_message(shown: str) -> str:
     )
 
 
-def saves_on_any_rank(function: cst.FunctionDef, qualify) -> bool:
-    """Whether `function` calls a checkpoint writer outside any rank-0 guard of its own
-    (with a path that is the same on every rank)."""
+def saves_on_any_rank(function: cst.FunctionDef, qualify, is_guard_flag=None) -> bool:
+    """Whether `function` calls a checkpoint writer outside any rank-0 guard of its own,
+    with a path that is the same on every rank: not a per-rank path (`f"ckpt.rank{rank}"`),
+    not an in-memory buffer (`buffer = io.BytesIO()`), directly or through the name last
+    assigned before the call. `is_guard_flag(name)`: whether the caller's file sets a
+    flag such as `args.should_save` to a rank-0 test (the helper reads the same `args`)."""
     ancestors: list[cst.CSTNode] = []
+    assigned: dict[str, cst.BaseExpression] = {}
     found = False
+
+    def same_file_on_every_rank(path: cst.BaseExpression) -> bool:
+        value = assigned.get(path.value, path) if isinstance(path, cst.Name) else path
+        if mentions_rank(path) or mentions_rank(value):
+            return False
+        return not (isinstance(value, cst.Call) and qualify(value.func) in IN_MEMORY)
 
     def enter(node: cst.CSTNode) -> None:
         nonlocal found
         ancestors.append(node)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            target = node.targets[0].target
+            if isinstance(target, cst.Name):
+                assigned[target.value] = node.value
         if found or not isinstance(node, cst.Call) or qualify(node.func) not in SAVE_CALLS:
             return
         keyword, position = SAVE_CALLS[qualify(node.func)]
         path = keyword_arg(node, keyword) or positional_arg(node, position)
-        if path is not None and mentions_rank(path.value):
+        if path is not None and not same_file_on_every_rank(path.value):
             return
-        if rank_zero_scope(ancestors) is None:
+        if rank_zero_scope(ancestors) is None and not (
+            is_guard_flag is not None and under_flag(ancestors, is_guard_flag)
+        ):
             found = True
 
     walk(function, enter, lambda node: ancestors.pop())

@@ -44,8 +44,12 @@ class SavesWrapper(RankZeroRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.saves: list[_Save] = []
+        self.loads: list[_Save] = []  # `x.load_state_dict(...)` calls
 
     def on_call(self, node: cst.Call, qualified: str | None) -> None:
+        if qualified is None and last_name(node.func) == "load_state_dict":
+            self.loads.append(_Save(node, False, self.snapshot(), self.facts.seq))
+            return
         if qualified in TORCH_SAVES:
             whole = qualified == "torch.save"
         elif qualified is None and "save" in last_name(node.func).lower():
@@ -58,6 +62,7 @@ class SavesWrapper(RankZeroRule):
         if not self.saves or self.delegates_to_framework():
             return
         reported: set[int] = set()
+        self.loaded_into_wrapper = self._wrappers_loaded()
         for save in self.saves:
             for call, binding, ancestors in self._wrapper_state_dicts(save):
                 if id(call) not in reported:
@@ -65,6 +70,17 @@ class SavesWrapper(RankZeroRule):
                     self._report_state_dict(call, binding, ancestors)
             if save.whole_object:
                 self._check_whole_object(save)
+
+    def _wrappers_loaded(self) -> set[str]:
+        """Names whose `load_state_dict` is called while they hold the DDP wrapper: a
+        resume checkpoint that goes back into the wrapper keeps its `module.` keys."""
+        loaded = set()
+        for load in self.loads:
+            receiver = load.call.func.value  # type: ignore[attr-defined]
+            name = dotted(receiver)
+            if name and self.facts.wrapper_binding(receiver, load.ancestors, load.seq):
+                loaded.add(name)
+        return loaded
 
     def _saved_values(self, save: _Save) -> Iterator[cst.BaseExpression]:
         qualified = self.context.qualify(save.call.func)
@@ -100,6 +116,15 @@ class SavesWrapper(RankZeroRule):
         if unconditional_for(binding, ancestors):
             unwrapped = cst.Attribute(value=receiver, attr=cst.Name("module"))
             fix = NodeFix(f"Save `{shown}.module.state_dict()`", ((receiver, unwrapped),))
+        if dotted(receiver) in self.loaded_into_wrapper:
+            message = (
+                f"`{shown}.state_dict()` of the DDP wrapper saves keys prefixed `module.`; "
+                f"this script loads them back into the wrapper, so resuming works, but the "
+                f"bare model cannot load the file: save `{shown}.module.state_dict()` (and "
+                f"load into `{shown}.module`) to make the checkpoint portable"
+            )
+            self.report(call, message, severity=Severity.INFO)
+            return
         message = (
             f"`{shown}.state_dict()` of the DDP wrapper saves keys prefixed `module.`; "
             f"save `{shown}.module.state_dict()` instead"

@@ -10,6 +10,7 @@ from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     Ancestors,
     RankZeroRule,
+    innermost,
     keyword_arg,
     non_zero_guarded,
 )
@@ -47,9 +48,14 @@ class CollectiveUnderRankGuard(RankZeroRule):
     def leave_Module(self, node: cst.Module) -> None:
         # `if rank != 0: dist.barrier()` ... `if rank == 0: dist.barrier()`: rank 0 goes
         # first, on purpose; each side's barrier meets the other's.
-        matched = {c.name for c in self.collectives if c.name and non_zero_guarded(c.ancestors)}
+        # Matched within one function: another function's barrier is no evidence.
+        matched = {
+            (_function_of(c), c.name)
+            for c in self.collectives
+            if c.name and non_zero_guarded(c.ancestors)
+        }
         for collective in self.collectives:
-            if collective.name in matched:
+            if (_function_of(collective), collective.name) in matched:
                 continue
             wrapper = self._wrapper(collective) if collective.name is None else True
             if not wrapper:
@@ -88,6 +94,11 @@ class CollectiveUnderRankGuard(RankZeroRule):
             "and the job hangs; call it on every rank, outside the guard"
         )
         self.report(collective.call, message)
+
+
+def _function_of(collective: _Collective) -> cst.FunctionDef | None:
+    found = innermost(collective.ancestors, cst.FunctionDef)
+    return found if isinstance(found, cst.FunctionDef) else None
 
 
 def _buffers_not_broadcast(wrap: cst.Call | None) -> bool:

@@ -97,7 +97,9 @@ class UnreducedMetrics(Rule):
         model = self.context.model
         if model.framework is not None or not model.is_distributed or not self.loops.loops:
             return
-        loaders = {loader.target for loader in sharded_loaders(model) if loader.target}
+        loaders = {
+            loader.target for loader in sharded_loaders(model, self.context.tree) if loader.target
+        }
         loaders |= rank_sharded_streams(model)
         if not loaders:
             return
@@ -121,7 +123,7 @@ class UnreducedMetrics(Rule):
     def _metrics(self, loop: Located, loaders: set[str]) -> _Metrics | None:
         if not isinstance(loop.node, cst.For):
             return None
-        iterated = iterated_names(loop.node)
+        iterated = iterated_names(loop.node, self.context.tree)
         over = sorted(iterated & loaders)
         function = loop.function()
         if not over and not (function and iterated & _parameters(function)):
@@ -148,7 +150,7 @@ class UnreducedMetrics(Rule):
         function = loop.function()
         if function is None:
             return []
-        for name in sorted(iterated_names(loop.node)):
+        for name in sorted(iterated_names(loop.node, self.context.tree)):
             passed = arguments_for(self._index(), function, name)
             if passed and all(dotted(value) in loaders for value in passed):
                 return [dotted(passed[0])]  # type: ignore[list-item]

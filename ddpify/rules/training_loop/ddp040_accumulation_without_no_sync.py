@@ -73,11 +73,6 @@ class AccumulationWithoutNoSync(LoopRule):
     )
     FIX = FixAvailability.SOMETIMES
 
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "backward":
-            self._feed(node)
-
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value in ("no_sync", "require_backward_grad_sync"):
             self._feed(node)
@@ -97,7 +92,7 @@ class AccumulationWithoutNoSync(LoopRule):
             return
         # A loop body, or a `train_step` function called once per micro-step.
         reported: set[int] = set()
-        for unit in self.loops.units_with_backward():
+        for unit in self._units():
             if self.loops.no_sync_near(unit):
                 if wrappers and not isinstance(unit.node, cst.FunctionDef):
                     self._check_partial(unit, wrappers)
@@ -111,6 +106,10 @@ class AccumulationWithoutNoSync(LoopRule):
                 self._report(found)
             if found is not None:
                 reported.add(id(found.loop.node))
+
+    def _units(self) -> list[Located]:
+        backwards = self.context.model.method_calls.get("backward", [])
+        return self.loops.units_with_backward(self.context.tree, backwards)
 
     def _accumulation_around(
         self, unit: Located, wrappers: set[str], any_model: bool = False
@@ -146,9 +145,7 @@ class AccumulationWithoutNoSync(LoopRule):
         model = self.context.model
         if not model.is_distributed or model.framework is not None:
             return False
-        units = [
-            unit for unit in self.loops.units_with_backward() if not self.loops.no_sync_near(unit)
-        ]
+        units = [unit for unit in self._units() if not self.loops.no_sync_near(unit)]
         if not any(self._accumulation_around(u, {"<any>"}, any_model=True) for u in units):
             return False
         return bool(self.context.ddp_wrapping_modules())

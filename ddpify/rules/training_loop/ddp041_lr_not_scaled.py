@@ -12,6 +12,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.roles import is_optimizer
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.training_loop._common import descendants
@@ -24,18 +25,13 @@ _WORLD_WORD = re.compile(
     re.I,
 )
 _BATCH_WORD = re.compile(r"batch|(^|_)bs($|_)", re.I)
-_NOT_OPTIMIZERS = {"Optimizer", "LBFGS"}  # the base class; LBFGS is tuned per problem
-_NOT_OPTIMIZER_MODULES = {"lr_scheduler", "swa_utils"}
+# LBFGS is an optimizer (analysis/roles.py), but its step size is tuned per problem.
+_NOT_SCALED = {"LBFGS"}
 
 
-def _is_optimizer(name: str | None) -> bool:
-    """`torch.optim.SGD`, `torch.optim.adamw.AdamW`; not schedulers or SWA helpers."""
-    if name is None or not name.startswith("torch.optim."):
-        return False
-    parts = name.split(".")
-    if len(parts) > 4 or set(parts) & _NOT_OPTIMIZER_MODULES:
-        return False
-    return parts[-1][:1].isupper() and parts[-1] not in _NOT_OPTIMIZERS
+def _scales_with_batch(name: str) -> bool:
+    """An optimizer whose learning rate follows the global batch: all but LBFGS."""
+    return is_optimizer(name) and name.rsplit(".", 1)[-1] not in _NOT_SCALED
 
 
 def _literal_key(node: cst.Subscript) -> str | None:
@@ -127,7 +123,7 @@ class LrNotScaled(Rule):
     def _candidates(self) -> list[tuple[cst.Call, cst.BaseExpression]]:
         found = []
         for name, calls in self.context.model.calls.items():
-            if not _is_optimizer(name):
+            if not _scales_with_batch(name):
                 continue
             for call in calls:
                 lr = find_arg(call, "lr", 1)

@@ -83,7 +83,7 @@ class ScheduleStepsFromDataset(LoopRule):
         if not self.schedulers or not self.applies():
             return
         model = self.context.model
-        loaders = sharded_loaders(model)
+        loaders = sharded_loaders(model, self.context.tree)
         if not loaders:
             return
         datasets = {loader.dataset for loader in loaders if loader.dataset}

@@ -15,7 +15,7 @@ import re
 
 import libcst as cst
 
-from ddpify.analysis.guards import classify, rank_zero_scope, single_process_only
+from ddpify.analysis.guards import classify, rank_zero_scope, single_process_step
 from ddpify.analysis.names import dotted
 from ddpify.analysis.training import (
     Located,
@@ -86,7 +86,7 @@ class DivergentControlFlow(LoopRule):
             return None
         found = None
         pairs = list(zip(exit_.ancestors[boundary:], exit_.ancestors[boundary + 1 :]))
-        if any(_single_process_branch(parent, child) for parent, child in pairs):
+        if any(single_process_step(parent, child) for parent, child in pairs):
             return None  # `if RANK == -1 and stopper(...): break`: no other rank to wait
         for parent, child in pairs:
             if not isinstance(parent, cst.If) or child is parent.test:
@@ -184,13 +184,6 @@ def _boundary(exit_: Located) -> int | None:
         elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
             return index if isinstance(node, cst.FunctionDef) else None
     return None if isinstance(exit_.node, (cst.Break, cst.Return)) else 0
-
-
-def _single_process_branch(parent: cst.CSTNode, child: cst.CSTNode) -> bool:
-    """Whether `child` is a branch of `parent` that runs only in a run of one process."""
-    if not isinstance(parent, cst.If) or child is parent.test:
-        return False
-    return single_process_only(parent.test, orelse=child is not parent.body)
 
 
 def _value_kind(test: cst.BaseExpression) -> str | None:

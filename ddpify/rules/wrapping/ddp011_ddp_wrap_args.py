@@ -153,6 +153,8 @@ class DdpWrapArgs(DistributedRule):
             value = step.value
             if self._keeps_device_of(value, name):
                 continue
+            if _transforms(value, name):
+                return  # `model = DataParallel(model)`: built from the model, not a new one
             self._check_constructor(value, module)
             return
 
@@ -202,3 +204,9 @@ class DdpWrapArgs(DistributedRule):
             return False
         code = self.context.code(cls)
         return ".cuda(" not in code and ".to(" not in code
+
+
+def _transforms(value: cst.BaseExpression | None, name: str) -> bool:
+    """A call given the model itself (a wrapper, a converter): where its result lives
+    depends on the model's device, which this rule has not tracked."""
+    return isinstance(value, cst.Call) and any(dotted(arg.value) == name for arg in value.args)

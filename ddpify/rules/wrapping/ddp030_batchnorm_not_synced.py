@@ -4,14 +4,12 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.batch_norm import BATCH_NORM, may_hold_batch_norm
 from ddpify.analysis.names import dotted, find_arg
 from ddpify.diagnostics import Severity
 from ddpify.rules.devices._common import DDP, DistributedRule
 
 CONVERT_SYNC_BATCHNORM = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
-BATCH_NORMS = frozenset(
-    f"torch.nn.{prefix}BatchNorm{dims}d" for prefix in ("", "Lazy") for dims in (1, 2, 3)
-)
 
 
 @dataclass(frozen=True)
@@ -33,16 +31,18 @@ class BatchNormNotSynced(DistributedRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.order = 0
-        self.builds_batch_norm = False
+        # A call builds or is given a BatchNorm layer (`nn.BatchNorm2d(16)`,
+        # `resnet(norm_layer=nn.BatchNorm2d)`): only then is the analysis asked.
+        self.mentions_batch_norm = False
         self.wraps: list[_Ordered] = []
         self.conversions: list[_Ordered] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         self.order += 1
         name = self.context.qualify(node.func)
-        if name in BATCH_NORMS:
-            self.builds_batch_norm = True
-        elif name == DDP:
+        if not self.mentions_batch_norm and _mentions_batch_norm(node):
+            self.mentions_batch_norm = True
+        if name == DDP:
             module = find_arg(node, "module", 0)
             names = {dotted(module.value)} if module is not None else set()
             names |= self._assigned_to(node)
@@ -64,9 +64,12 @@ class BatchNormNotSynced(DistributedRule):
         if not self.is_distributed() or not self.wraps:
             return
         if not self.conversions:
-            if self.builds_batch_norm:
+            if self.mentions_batch_norm:
                 for wrap in self.wraps:
-                    self._report_unsynced(wrap)
+                    model = find_arg(wrap.call, "module", 0)
+                    # The one answer the wrap pass converts by (analysis/batch_norm.py).
+                    if model is not None and may_hold_batch_norm(self.context.tree, model.value):
+                        self._report_unsynced(wrap)
             return
         for conversion in self.conversions:
             if self._converts_after_wrap(conversion):
@@ -98,3 +101,18 @@ class BatchNormNotSynced(DistributedRule):
     def _shown(self, node: cst.CSTNode) -> str:
         code = self.context.code(node)
         return code if len(code) <= 60 and "\n" not in code else "the model"
+
+
+def _mentions_batch_norm(call: cst.Call) -> bool:
+    """`nn.BatchNorm2d(16)`, or a BatchNorm class among the arguments (asked of every
+    call: a string test on each last identifier before the pattern)."""
+    for expr in (call.func, *(arg.value for arg in call.args)):
+        if isinstance(expr, cst.Attribute):
+            last = expr.attr.value
+        elif isinstance(expr, cst.Name):
+            last = expr.value
+        else:
+            continue
+        if "BatchNorm" in last and BATCH_NORM.match(last):
+            return True
+    return False

@@ -27,6 +27,24 @@ NO_GRAD = frozenset(
 _EVAL_FUNCTION = re.compile(r"(eval|valid|test|infer|predict|generate|sample|visuali|plot|log)")
 
 
+def _is_module_forward(func: cst.BaseExpression) -> bool:
+    """`x.module.forward`, with a name or attribute chain for `x`."""
+    return (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "forward"
+        and isinstance(func.value, cst.Attribute)
+        and func.value.attr.value == "module"
+        and dotted(func.value.value) is not None
+    )
+
+
+def _called_model(func: cst.BaseExpression) -> str | None:
+    """The model a call runs: `model` for `model(x)` and `model.forward(x)`."""
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        func = func.value
+    return dotted(func)
+
+
 @dataclass(frozen=True)
 class _Forward:
     call: cst.Call
@@ -35,8 +53,10 @@ class _Forward:
 
 
 class BypassWrapperForward(WrapperRule):
-    """`model.module(x)` or `model.forward(x)` in a training step skips DDP's forward,
-    so the backward never all-reduces the gradients and the replicas drift apart."""
+    """`model.module(x)` or `model.module.forward(x)` in a training step skips DDP's
+    forward, so the backward never all-reduces the gradients and the replicas drift apart.
+    So does calling the raw model after it was wrapped (`model(x)` or `model.forward(x)`
+    beside `ddp = DDP(model)`). `ddp.forward(x)` is fine: DDP's work is in `forward`."""
 
     CODE = "DDP033"
     NAME = "bypass-wrapper-forward"
@@ -56,12 +76,14 @@ class BypassWrapperForward(WrapperRule):
         func = node.func
         if method_name(node) == "backward":
             self.backwards.append(self.place())
-        elif isinstance(func, cst.Attribute) and func.attr.value in {"module", "forward"}:
+        elif isinstance(func, cst.Attribute) and func.attr.value == "module":
             if dotted(func.value) is not None:
                 self.forwards.append(_Forward(node, self.place(), func.value))
-        elif dotted(func) is not None and any(
-            wrap.inner == dotted(func) for wrap in self.wrappers.wraps
-        ):
+        elif _is_module_forward(func):
+            # `ddp.module.forward(x)`. Not `ddp.forward(x)`: DDP's own `forward` prepares
+            # the all-reduce (only `__call__`'s hooks are skipped), so it trains correctly.
+            self.forwards.append(_Forward(node, self.place(), func.value.value))
+        elif any(wrap.inner == _called_model(func) for wrap in self.wrappers.wraps):
             # Only a name wrapped earlier can be the raw model called after its wrap.
             self.forwards.append(_Forward(node, self.place(), None))
 
@@ -78,7 +100,7 @@ class BypassWrapperForward(WrapperRule):
         if forward.receiver is not None:
             return self.wrappers.wrap_held(forward.receiver, forward.place)
         # `ddp = DDP(model)` ... `model(x)`: the raw model, called after it was wrapped.
-        name = dotted(forward.call.func)
+        name = _called_model(forward.call.func)
         if name is None:
             return None
         for wrap in self.wrappers.wraps:
