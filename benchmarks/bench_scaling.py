@@ -7,9 +7,11 @@ The script is a real-shaped single-GPU training script (fixtures/migrate/
 single_main_argparse/before.py) followed by N lines of helper functions and a model
 class with loops, guards, prints and saves in them, repeated with fresh names, so every
 rule and pass has work in proportion to the size. Linear cost shows as a flat
-"ms per 1k lines" column. "parse s" is libcst's parse alone of the same text, and the
-x-parse columns divide by it: on a shared machine the seconds drift with the load, the
-ratios much less (measure before and after a change in the same minute).
+"ms per 1k lines" column. Every time is CPU seconds of this process (all its threads),
+not wall time. "parse s" is libcst's parse alone of the same text, and the x-parse
+columns divide by it: on a shared machine even CPU seconds drift with the load, the
+ratios much less (measure before and after a change in the same minute, each size in
+a fresh process: `--lines 30000`).
 """
 
 from __future__ import annotations
@@ -86,15 +88,62 @@ def parse_only(text: str) -> None:
 
 
 def timed(fn, *args) -> float:
-    started = time.perf_counter()
+    started = time.process_time()
     fn(*args)
-    return time.perf_counter() - started
+    return time.process_time() - started
+
+
+def stages(text: str) -> None:
+    """Migrate once with the pipeline's stages timed. A stage inside another counts for
+    the outer one only: a tree built by a pass counts for the passes, the passes and
+    trees of the idempotency run for that run."""
+    from ddpify.analysis import tree
+    from ddpify.migrate import pipeline
+
+    spent: dict[str, float] = {}
+    busy = []
+
+    def timing(owner, name: str, label: str) -> None:
+        real = getattr(owner, name)
+
+        def timed_stage(*args, **kwargs):
+            if busy and label != "idempotency run":
+                return real(*args, **kwargs)
+            busy.append(label)
+            started = time.process_time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                busy.pop()
+                spent[label] = spent.get(label, 0.0) + time.process_time() - started
+
+        setattr(owner, name, timed_stage)
+
+    timing(pipeline, "check_roundtrip", "input: parse, render, compare")
+    timing(pipeline, "_run_pass", "passes (analysis, edits, render, compile)")
+    timing(pipeline, "check_compiles", "output: spliced parse, render, compile")
+    timing(pipeline, "_gate_comments", "comment gate")
+    timing(pipeline, "_gate_check", "check gate")
+    timing(pipeline, "analyze_project", "project analysis")
+    timing(tree.Tree, "__init__", "tree builds")
+    timing(pipeline, "_gate_idempotent", "idempotency run")
+    started = time.process_time()
+    guarded.deep(migrate_source, text, "big.py")
+    total = time.process_time() - started
+    print(f"\nmigrate, {text.count(chr(10))} lines: {total:.2f} CPU s")
+    for label, seconds in sorted(spent.items(), key=lambda item: -item[1]):
+        print(f"  {label:<44} {seconds:6.2f}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, nargs="+", default=[1000, 10000, 100000])
     parser.add_argument("--profile", action="store_true", help="profile the largest size")
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="CPU seconds of migrate's stages at the largest size (no profiler overhead)",
+    )
     args = parser.parse_args()
 
     print(
@@ -113,6 +162,8 @@ def main() -> int:
             f"{migrate / parse:>7.2f}",
             flush=True,
         )
+    if args.stages:
+        stages(script(max(args.lines)))
     if args.profile:
         text = script(max(args.lines))
         profile = cProfile.Profile()

@@ -42,11 +42,17 @@ def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None
     return module
 
 
-def check_compiles(text: str, pass_name: str, filename: str = "<output>") -> cst.Module:
+def check_compiles(
+    text: str,
+    pass_name: str,
+    filename: str = "<output>",
+    parse: Callable[[str], cst.Module] = cst.parse_module,
+) -> cst.Module:
     """The output must parse (libcst) and compile (CPython); returns the parsed module, so
-    that later gates (idempotency, check) need not parse it again."""
+    that later gates (idempotency, check) need not parse it again. `parse` parses the
+    text as `cst.parse_module` does (migrate re-parses only what the passes changed)."""
     try:
-        module = cst.parse_module(text)
+        module = parse(text)
         compile(text, filename, "exec", dont_inherit=True)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
         raise GateError(pass_name, f"output does not compile: {exc}") from None

@@ -6,6 +6,8 @@ a pass wrote still names the pass whose output does not compile."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import libcst as cst
 import pytest
 
@@ -66,6 +68,29 @@ def test_a_tree_reusing_the_previous_walk_answers_as_a_fresh_one():
         assert list(reused.within(container)) == list(fresh.within(container))
 
 
+def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypatch):
+    """A pass rebuilds the path to its edit: the statements beside it inside a function
+    are the same objects, and the next tree copies their walk; two generations on, the
+    trees still answer as fresh ones."""
+    from ddpify.analysis import tree as tree_module
+
+    copied = []
+    real = tree_module._Segment._copy
+
+    def counting(self, node, *args):
+        copied.append(node)
+        return real(self, node, *args)
+
+    monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    first = Tree(cst.parse_module(SCRIPT))
+    second = Tree(_edited(first), previous=first)
+    assert copied  # the statements beside the guarded prints were not walked again
+    assert _answers(second) == _answers(Tree(second.module))
+    third_module = _edited(second)
+    third = Tree(third_module, previous=second)
+    assert _answers(third) == _answers(Tree(third_module))
+
+
 def test_comments_counted_per_statement_are_the_whole_texts():
     text = (
         "#!/usr/bin/env python\n"
@@ -86,6 +111,35 @@ def test_comments_counted_per_statement_are_the_whole_texts():
     assert render.comments(module) == comments(text)
     edited = module.with_changes(body=[*module.body[:2], statement("y = 2  # new\n")])
     assert render.comments(edited) == comments(edited.code)
+
+
+def test_lost_comments_count_only_the_statements_a_rewrite_changed():
+    text = (
+        "import torch  # trailing\n"
+        "# above f\n"
+        "def f():\n"
+        "    return 1  # one\n"
+        "    # footer of f\n"
+        "x = f()  # twice\n"
+        "y = f()  # twice\n"
+    )
+    module = cst.parse_module(text)
+    render = ModuleText()
+    # Drops `# one` and one `# twice`, keeps `# above f` on a new statement.
+    dropped = module.with_changes(
+        body=[module.body[0], statement("# above f\ndef f():\n    return 2\n"), module.body[2]]
+    )
+    # Moves `# trailing` onto a rewritten statement: nothing lost.
+    moved = module.with_changes(
+        body=[statement("import torch, os  # trailing\n"), *module.body[1:]]
+    )
+    for edited in (dropped, moved):
+        expected = comments(text) - comments(edited.code)
+        assert render.lost_comments(module, edited) == expected
+    assert render.lost_comments(module, dropped) == Counter(
+        {"# one": 1, "# footer of f": 1, "# twice": 1}
+    )
+    assert not render.lost_comments(module, moved)
 
 
 def _insert_first(code: str):

@@ -19,6 +19,21 @@ if TYPE_CHECKING:
 
 BLOCKS = (cst.Module, cst.IndentedBlock)
 _IMPORTS = (cst.Import, cst.ImportFrom)
+# The statements a segment records the walk of (by exact type, see _Segment).
+_STATEMENTS = frozenset(
+    {
+        cst.SimpleStatementLine,
+        cst.FunctionDef,
+        cst.ClassDef,
+        cst.If,
+        cst.For,
+        cst.While,
+        cst.With,
+        cst.Try,
+        cst.TryStar,
+        cst.Match,
+    }
+)
 SCOPES = (cst.Module, cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
@@ -43,7 +58,7 @@ class Tree:
         self.imports = ImportMap()
         # What the roles analysis searches: this tree, or every module of its project.
         self.view: Tree | ProjectView = self
-        self._collect(module, previous._segment_of if previous is not None else {})
+        self._collect(module, previous)
 
     @classmethod
     def from_walk(cls, module: cst.Module, parents: dict[cst.CSTNode, cst.CSTNode]) -> Tree:
@@ -68,14 +83,16 @@ class Tree:
             tree.imports.add(node)
         return tree
 
-    def _collect(self, module: cst.Module, known: dict[cst.CSTNode, _Segment]) -> None:
+    def _collect(self, module: cst.Module, previous: Tree | None) -> None:
+        known = previous._segment_of if previous is not None else {}
+        walked = _Walked(previous._segments if previous is not None else [])
         self._segment_of: dict[cst.CSTNode, _Segment] = {}
         self._segments: list[_Segment] = []
         parent: dict[cst.CSTNode, cst.CSTNode] = {}
         for statement in children(module):
             segment = known.get(statement) or self._segment_of.get(statement)
             if segment is None:
-                segment = _Segment(statement)
+                segment = _Segment(statement, walked)
             self._segment_of[statement] = segment
             self._segments.append(segment)
             # In walk order, so a node that occurs twice keeps its last parent.
@@ -234,26 +251,71 @@ class _Segment:
     skips formatting children), the parent of each, its imports, and per-kind lists
     made on demand. A statement is immutable, so all of it stays true for the object."""
 
-    __slots__ = ("statement", "inner", "parents", "imports", "_types", "_kinds", "_calls")
+    __slots__ = (
+        "statement",
+        "inner",
+        "parents",
+        "imports",
+        "spans",
+        "_types",
+        "_kinds",
+        "_calls",
+    )
 
-    def __init__(self, statement: cst.CSTNode) -> None:
+    def __init__(self, statement: cst.CSTNode, walked: _Walked | None = None) -> None:
         self.statement = statement
         self.inner: list[cst.CSTNode] = []
         self.parents: list[cst.CSTNode] = []
         self.imports: list[cst.CSTNode] = []
+        # Each statement inside -> where its walk (itself, then its nodes) is in `inner`.
+        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
         self._types: set[type] | None = None
         self._kinds: dict[type, list[cst.CSTNode]] = {}
         self._calls: list[tuple[cst.Call, str | None]] | None = None
         if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
             self.imports.append(statement)
-        stack = [(child, statement) for child in reversed(list(children(statement)))]
+        self._walk(statement, walked)
+
+    def _walk(self, statement: cst.CSTNode, walked: _Walked | None) -> None:
+        """Pre-order below `statement`. An inner statement that a segment of the previous
+        tree walked (the same object: a pass rebuilt only the path to its edit) is copied
+        from that walk, not walked again."""
+        inner, parents, spans = self.inner, self.parents, self.spans
+        stack: list = [(child, statement) for child in reversed(list(children(statement)))]
         while stack:
             node, parent = stack.pop()
-            self.inner.append(node)
-            self.parents.append(parent)
+            if node is None:  # the end of a statement's walk: `parent` is (it, start)
+                spans[parent[0]] = (parent[1], len(inner))
+                continue
+            if type(node) in _STATEMENTS:
+                found = walked.find(node) if walked is not None else None
+                if found is not None:
+                    self._copy(node, parent, *found)
+                    continue
+                stack.append((None, (node, len(inner))))
+            inner.append(node)
+            parents.append(parent)
             if type(node) in _IMPORTS:
                 self.imports.append(node)
             stack.extend((child, node) for child in reversed(list(children(node))))
+
+    def _copy(self, node, parent, segment: _Segment, start: int, stop: int) -> None:
+        here = len(self.inner)
+        copied = segment.inner[start:stop]
+        self.inner.extend(copied)
+        self.parents.append(parent)
+        self.parents.extend(segment.parents[start + 1 : stop])
+        self.spans[node] = (here, len(self.inner))
+        # The statements inside keep their spans, so a later tree can copy them too.
+        shift = here - start
+        for inside in copied:
+            kind = type(inside)
+            if kind in _STATEMENTS:
+                span = segment.spans.get(inside)
+                if span is not None:
+                    self.spans.setdefault(inside, (span[0] + shift, span[1] + shift))
+            elif kind in _IMPORTS:
+                self.imports.append(inside)
 
     @classmethod
     def flat(cls, nodes: list[cst.CSTNode]) -> _Segment:
@@ -262,6 +324,7 @@ class _Segment:
         segment = cls.__new__(cls)
         segment.statement = None
         segment.inner, segment.parents, segment.imports = nodes, [], []
+        segment.spans = {}
         segment._types, segment._kinds, segment._calls = None, {}, None
         return segment
 
@@ -287,6 +350,24 @@ class _Segment:
         if self._calls is None:
             self._calls = [(call, dotted(call.func)) for call in self.of_kind(cst.Call)]
         return self._calls
+
+
+class _Walked:
+    """The statements the segments of a tree walked, found by object (made on first use:
+    a tree that reuses every segment never asks)."""
+
+    def __init__(self, segments: list[_Segment]) -> None:
+        self._segments = segments
+        self._where: dict[cst.CSTNode, tuple[_Segment, int, int]] | None = None
+
+    def find(self, statement: cst.CSTNode) -> tuple[_Segment, int, int] | None:
+        if self._where is None:
+            self._where = {
+                node: (segment, start, stop)
+                for segment in self._segments
+                for node, (start, stop) in segment.spans.items()
+            }
+        return self._where.get(statement)
 
 
 def is_main_test(test: cst.BaseExpression) -> bool:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import libcst as cst
 
+from ddpify import splice
 from ddpify.analysis.project import ProjectView
 from ddpify.analysis.tree import Tree
 from ddpify.codegen import ModuleText
@@ -87,9 +88,11 @@ def _migrate_sources(
     passes: Sequence[Pass],
     render: ModuleText,
     parsed: list[cst.Module] | None = None,
+    walked: list[Tree] | None = None,
 ) -> list[MigrationResult]:
     """`render` renders modules (one per run: it remembers statements); `parsed`, the
-    modules of `texts` when a gate has parsed them already."""
+    modules of `texts` when a gate has parsed them already; `walked`, trees whose walk of
+    the statements `parsed` shares with them can be reused (see Tree)."""
     names = list(texts)
     several = len(names) > 1
     if parsed is None:
@@ -101,7 +104,12 @@ def _migrate_sources(
             if render.code(module) != texts[name]:
                 _in_file(name, several, _not_roundtrip)
     modules = parsed
-    trees = link([Tree(module, texts[name]) for name, module in zip(names, modules)])
+    trees = link(
+        [
+            Tree(module, texts[name], previous=walked[index] if walked else None)
+            for index, (name, module) in enumerate(zip(names, modules))
+        ]
+    )
     stages = {name: [("input", texts[name])] for name in names}
     try:
         plans = analyze_project(trees, options)
@@ -128,17 +136,33 @@ def _migrate_sources(
     for index, (name, plan) in enumerate(zip(names, plans)):
         output = stages[name][-1][1]
         if gates:
-            outputs.append(_in_file(name, several, check_compiles, output, "output"))
+            parse = _output_parser(modules[index], trees[index].module, render)
+            outputs.append(
+                _in_file(name, several, check_compiles, output, "output", "<output>", parse)
+            )
             ends = (modules[index], trees[index].module)
             _in_file(name, several, _gate_comments, stages[name], render, ends)
         results.append(_result(name, texts[name], output, plan))
     if gates and any(result.changed for result in results):
-        _gate_idempotent(results, options, passes, render, outputs)
+        _gate_idempotent(results, options, passes, render, outputs, trees)
         for name, result, module in zip(names, results, outputs):
             _in_file(name, several, _gate_check, result, module)
     for result in results:
         result.locate()
     return results
+
+
+def _output_parser(before: cst.Module, after: cst.Module, render: ModuleText):
+    """`cst.parse_module` for the output, re-parsing only what the passes changed when
+    the module spliced from `before` (the input's parse) renders back to the text."""
+
+    def parse(text: str) -> cst.Module:
+        module = splice.splice_parse(before, after, text)
+        if module is not None and render.code(module) == text:
+            return module
+        return cst.parse_module(text)
+
+    return parse
 
 
 def link(trees: list[Tree]) -> list[Tree]:
@@ -251,7 +275,7 @@ def _gate_comments(
 ) -> None:
     """No comment of the input may be lost; blame the first pass that dropped one.
     `ends`: the modules of the first and last stage (whose code `render` made)."""
-    if not (render.comments(ends[0]) - render.comments(ends[1])):
+    if not render.lost_comments(*ends):
         return
     for (_, before), (name, after) in zip(stages, stages[1:]):
         check_comments_kept(before, after, name)
@@ -264,9 +288,12 @@ def _gate_idempotent(
     passes,
     render: ModuleText,
     parsed: list[cst.Module],
+    walked: list[Tree],
 ) -> None:
     outputs = {result.filename: result.output for result in results}
-    again = _migrate_sources(outputs, options, False, passes, render, parsed)
+    # The output's statements that no pass rewrote are the input's objects, walked
+    # already: the second run's trees reuse those walks.
+    again = _migrate_sources(outputs, options, False, passes, render, parsed, walked)
     for result, second in zip(results, again):
         if second.output != result.output:
             culprits = sorted({c.pass_name for c in second.changes}) or ["pipeline"]
