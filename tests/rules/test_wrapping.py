@@ -322,11 +322,11 @@ def test_wrapper_attribute_access_silent_without_distribution():
 LOOP = "m = DDP(net)\nfor x in data:\n    loss = {call}\n    loss.backward()\n"
 
 
-@pytest.mark.parametrize("call", ["m.module(x)", "m.forward(x)", "net(x)"])
+@pytest.mark.parametrize("call", ["m.module(x)", "m.module.forward(x)", "net(x)", "net.forward(x)"])
 def test_bypass_reports_each_spelling(call):
     body = (
         LOOP.format(call=call)
-        if call != "net(x)"
+        if not call.startswith("net")
         else LOOP.replace("m = ", "d = ").format(call=call)
     )
     (finding,) = found(body, "DDP033")
@@ -337,6 +337,8 @@ def test_bypass_reports_each_spelling(call):
     "body",
     [
         LOOP.format(call="m(x)"),
+        # DDP's gradient sync lives in DistributedDataParallel.forward: no bypass.
+        LOOP.format(call="m.forward(x)"),
         "m = DDP(net)\nfor x in data:\n    with torch.no_grad():\n        y = m.module(x)\n"
         "    loss.backward()\n",
         "m = DDP(net)\nfor x in data:\n    if dist.get_rank() == 0:\n        y = m.module(x)\n"

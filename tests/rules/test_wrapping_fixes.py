@@ -128,7 +128,7 @@ def test_every_access_in_a_statement_is_fixed():
 
 @pytest.mark.parametrize(
     ("call", "expected"),
-    [("model.module(x)", "model(x)"), ("model.forward(x)", "model(x)")],
+    [("model.module(x)", "model(x)"), ("model.module.forward(x)", "model(x)")],
 )
 def test_forward_goes_through_the_wrapper(call, expected):
     loop = "model = DDP(net)\nfor x in data:\n    loss = {}.mean()  # step\n    loss.backward()\n"
