@@ -14,19 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.walk import walk
-
-
-def _names_in(node: cst.CSTNode) -> set[str]:
-    names: set[str] = set()
-
-    def enter(child: cst.CSTNode) -> None:
-        if isinstance(child, cst.Name):
-            names.add(child.value)
-
-    walk(node, enter, lambda child: None)
-    return names
-
+from ddpify.analysis.names import identifiers
 
 _UNITS = (cst.FunctionDef, cst.ClassDef)
 
@@ -46,7 +34,7 @@ def _run_at_import(stmt: cst.BaseStatement) -> list[cst.CSTNode]:
     return [stmt]
 
 
-def functions_run_by_module(module: cst.Module) -> set[str]:
+def units_run_by_module(module: cst.Module) -> set[str]:
     """Names of the module's top-level functions and classes that its own code may run:
     named by code that runs at import or under `__main__`, or by a reached one. A test
     class that only a test runner finds (`unittest.main()`) is not reached."""
@@ -54,7 +42,7 @@ def functions_run_by_module(module: cst.Module) -> set[str]:
     named: set[str] = set()
     for stmt in module.body:
         for node in _run_at_import(stmt):
-            named |= _names_in(node)
+            named.update(identifiers(node))
     reached: set[str] = set()
     pending = [name for name in named if name in units]
     while pending:
@@ -62,11 +50,11 @@ def functions_run_by_module(module: cst.Module) -> set[str]:
         if name in reached:
             continue
         reached.add(name)
-        pending.extend(n for n in _names_in(units[name]) if n in units)
+        pending.extend(n for n in identifiers(units[name]) if n in units)
     return reached
 
 
-def enclosing_top_level_function(
+def enclosing_top_level_unit(
     ancestors: list[cst.CSTNode],
 ) -> cst.FunctionDef | cst.ClassDef | None:
     """The module-level `def` or `class` an innermost node sits in (ancestors from the

@@ -54,15 +54,19 @@ def replay_weights(record: dict, optimizer: int, steps: list[int]) -> list | Non
     try:
         opt = getattr(torch.optim, info["class"])(param_groups)
         for step in sorted(steps):
-            record_step = by_step[step]
-            for group, lr in zip(opt.param_groups, record_step["lrs"]):
-                group["lr"] = lr
-            for p, grad in zip(params, record_step["grads"]):
-                p.grad = None if grad is None else grad.detach().clone().to(p.dtype)
-            opt.step()
+            _take_recorded_step(opt, params, by_step[step])
     except (TypeError, ValueError, RuntimeError, KeyError):
         return None  # a hyperparameter this torch does not take: no replay, no explanation
     return [p.detach() for p in params]
+
+
+def _take_recorded_step(opt, params: list, recorded: dict) -> None:
+    """One optimizer step as the run took it: its learning rates, its gradients."""
+    for group, lr in zip(opt.param_groups, recorded["lrs"]):
+        group["lr"] = lr
+    for p, grad in zip(params, recorded["grads"]):
+        p.grad = None if grad is None else grad.detach().clone().to(p.dtype)
+    opt.step()
 
 
 def replay_events(record: dict, events: list[tuple[int, int]]) -> dict | None:
@@ -85,12 +89,7 @@ def replay_events(record: dict, events: list[tuple[int, int]]) -> dict | None:
                     return None
                 optimizers[optimizer] = made
             opt, params = optimizers[optimizer]
-            recorded = by_event[(optimizer, step)]
-            for group, lr in zip(opt.param_groups, recorded["lrs"]):
-                group["lr"] = lr
-            for p, grad in zip(params, recorded["grads"]):
-                p.grad = None if grad is None else grad.detach().clone().to(p.dtype)
-            opt.step()
+            _take_recorded_step(opt, params, by_event[(optimizer, step)])
     except (TypeError, ValueError, RuntimeError, KeyError):
         return None
     return {key: p.detach() for key, p in tensors.items()}

@@ -8,7 +8,7 @@ import libcst as cst
 from ddpify.analysis.guards import exits
 from ddpify.analysis.names import dotted, find_arg, identifiers
 from ddpify.analysis.project import LocalFunction
-from ddpify.analysis.reachability import enclosing_top_level_function, functions_run_by_module
+from ddpify.analysis.reachability import enclosing_top_level_unit, units_run_by_module
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.process_group._common import (
@@ -99,7 +99,7 @@ class _Scan:
                     node,
                     _conditions(ancestors),
                     not in_function(ancestors),
-                    enclosing_top_level_function(ancestors),
+                    enclosing_top_level_unit(ancestors),
                     _in_test(ancestors),
                 )
             )
@@ -188,7 +188,7 @@ class NoInitProcessGroup(Rule):
         calls it, after that code set up the group."""
         if all(use.function is None for use in uses):
             return uses
-        run = functions_run_by_module(module)
+        run = units_run_by_module(module)
         return [use for use in uses if use.function is None or use.function.name.value in run]
 
     def _report(self, use: cst.Call, severity: Severity, helper: str | None) -> None:

@@ -205,6 +205,8 @@ class RankZeroFacts:
     bindings: dict[tuple[int, str], list[Binding]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # The same bindings by name alone, whatever the scope: what `assigned_anywhere` reads.
+    bindings_by_name: dict[str, list[Binding]] = field(default_factory=lambda: defaultdict(list))
     # Every name ever assigned a DDP wrapper: a cheap filter before `wrapper_binding`.
     wrapper_names: set[str] = field(default_factory=set)
     callee: str | None = None  # the qualified name of the call visited last
@@ -270,7 +272,9 @@ class RankZeroFacts:
         name = dotted(target)
         if name is not None:
             key = (id(binding_scope(name, ancestors)), name)
-            self.bindings[key].append(Binding(self.seq, value, ancestors, item))
+            binding = Binding(self.seq, value, ancestors, item)
+            self.bindings[key].append(binding)
+            self.bindings_by_name[name].append(binding)
             if not item and self.wraps_ddp(value):
                 self.wrapper_names.add(name)
         elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
@@ -305,27 +309,15 @@ class RankZeroFacts:
     def _flag_guard_scope(self, ancestors: Ancestors) -> Scope | None:
         """`if args.should_save:` where every assignment of `args.should_save` in the file
         is a rank-0 test (`... and is_master(args)`): a guard kept in a flag."""
-        for parent, child in zip(ancestors, ancestors[1:]):
-            if not isinstance(parent, cst.If) or child is not parent.body:
-                continue
-            for name in _conjuncts(parent.test):
-                scope = self._flag_scope(name)
-                if scope is not None:
-                    return scope
-        return None
+        scopes = map(self._flag_scope, _required_names(ancestors))
+        return next((scope for scope in scopes if scope is not None), None)
 
     def is_guard_flag(self, name: str) -> bool:
         return self._flag_scope(name) is not None
 
     def assigned_anywhere(self, name: str) -> list[cst.BaseExpression]:
         """Every value `name` is assigned in the file, in any scope (`x[k] = v` aside)."""
-        return [
-            binding.value
-            for (_, bound), bindings in self.bindings.items()
-            if bound == name
-            for binding in bindings
-            if not binding.item
-        ]
+        return [b.value for b in self.bindings_by_name.get(name, ()) if not b.item]
 
     def _flag_scope(self, name: str) -> Scope | None:
         values = self.assigned_anywhere(name)
@@ -447,12 +439,14 @@ def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> boo
 
 def under_flag(ancestors: Sequence[cst.CSTNode], is_guard_flag) -> bool:
     """Whether the last node sits in the body of an `if` that requires a guard flag."""
-    return any(
-        isinstance(parent, cst.If)
-        and child is parent.body
-        and any(is_guard_flag(name) for name in _conjuncts(parent.test))
-        for parent, child in zip(ancestors, ancestors[1:])
-    )
+    return any(is_guard_flag(name) for name in _required_names(ancestors))
+
+
+def _required_names(ancestors: Sequence[cst.CSTNode]) -> Iterator[str]:
+    """The names and attributes the `if`s around the last node require to run its body."""
+    for parent, child in zip(ancestors, ancestors[1:]):
+        if isinstance(parent, cst.If) and child is parent.body:
+            yield from _conjuncts(parent.test)
 
 
 def _conjuncts(test: cst.BaseExpression) -> Iterator[str]:

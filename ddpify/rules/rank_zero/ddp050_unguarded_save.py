@@ -111,10 +111,14 @@ class UnguardedSave(RankZeroRule):
     def leave_Module(self, node: cst.Module) -> None:
         if not self.saves or self.delegates_to_framework() or not self.context.model.is_distributed:
             return
+        saving_helpers: dict[int, bool] = {}  # a helper called in many places: judged once
         for save in self.saves:
-            if save.helper is not None and not saves_on_any_rank(
-                save.helper.node, save.helper.imports.qualify, self.facts.is_guard_flag
-            ):
+            helper = save.helper
+            if helper is not None and id(helper.node) not in saving_helpers:
+                saving_helpers[id(helper.node)] = saves_on_any_rank(
+                    helper.node, helper.imports.qualify, self.facts.is_guard_flag
+                )
+            if helper is not None and not saving_helpers[id(helper.node)]:
                 continue
             resolution = self.facts.resolve(save.ancestors)
             if not resolution.known or resolution.scope is Scope.GLOBAL:
