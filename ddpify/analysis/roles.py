@@ -368,14 +368,16 @@ def _callee(call: cst.Call) -> str | None:
 
 def calls_training(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
     """The first call in `node` of a function that may run a training step, if any."""
-    trains = training_functions(tree)
-    return next((c for c in tree.within(node, cst.Call) if _callee(c) in trains), None)
+    return _first_call_into(tree, node, training_functions(tree))
 
 
 def calls_forward(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
     """The first call in `node` of a function that may run a model's forward, if any."""
-    forwards = forward_functions(tree)
-    return next((c for c in tree.within(node, cst.Call) if _callee(c) in forwards), None)
+    return _first_call_into(tree, node, forward_functions(tree))
+
+
+def _first_call_into(tree: Tree, node: cst.CSTNode, names: frozenset[str]) -> cst.Call | None:
+    return next((c for c in tree.within(node, cst.Call) if _callee(c) in names), None)
 
 
 def training_loops(tree: Tree) -> list[cst.For | cst.While]:

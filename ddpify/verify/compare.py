@@ -99,15 +99,20 @@ class Comparison:
     per_rank: list[str] = field(default_factory=list)
     per_rank_causes: list[str] = field(default_factory=list)
 
-    def by_design(self, reason: str, cause: str, against_reference: bool) -> None:
+    def by_design(
+        self, reason: str, cause: str, against_reference: bool, doubts: list[str] | None = None
+    ) -> None:
         """A difference DDP makes by design, which no single process computes: against the
-        one-process run `reason` makes the comparison uncertain (the per-rank reference
-        answers it); against the per-rank reference, which computes it too, `cause` is noted."""
+        one-process run `reason` makes the comparison uncertain (added to `doubts`, the
+        inconclusive reasons or the caveats, when given; the per-rank reference answers it);
+        against the per-rank reference, which computes it too, `cause` is noted."""
         self.per_rank_causes.append(cause)
         if against_reference:
             self.notes.append(f"by design, as in the per-rank reference: {cause}")
-        else:
-            self.per_rank.append(reason)
+            return
+        if doubts is not None:
+            doubts.append(reason)
+        self.per_rank.append(reason)
 
     @property
     def answered_per_rank(self) -> bool:
@@ -350,10 +355,8 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
             "single process all of them, so their gradients differ by design unless the "
             "features are gathered across processes first"
         )
-        if not against_reference:
-            result.caveats.append(reason)
         cause = f"each process compares only its own samples of the batch (`{compared}`)"
-        result.by_design(reason, cause, against_reference)
+        result.by_design(reason, cause, against_reference, result.caveats)
     solver = any_flag("adaptive_solver", both)
     if solver and nproc > 1:
         reason = (
@@ -361,10 +364,8 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
             "over the whole batch: each process integrates its shard with steps of its own, so "
             "the runs agree to the solver's tolerance, not to float rounding"
         )
-        if not against_reference:
-            result.inconclusive.append(reason)
         cause = f"the adaptive ODE solver ({solver}) chooses each process's step sizes itself"
-        result.by_design(reason, cause, against_reference)
+        result.by_design(reason, cause, against_reference, result.inconclusive)
     sampler = any_flag("unaligned_sampler", both)
     if sampler:
         result.inconclusive.append(f"data order could not be aligned: {sampler}")
@@ -421,10 +422,8 @@ def read_batch_norm_flags(
             "their gradients cannot be compared (convert with "
             "nn.SyncBatchNorm.convert_sync_batchnorm before the DDP wrap, on CUDA, DDP030)"
         )
-        if not against_reference:
-            result.inconclusive.append(reason)
         cause = "BatchNorm statistics are per process"
-        result.by_design(reason, cause, against_reference)
+        result.by_design(reason, cause, against_reference, result.inconclusive)
 
 
 def read_draws(original: dict, converted: list[dict], result: Comparison) -> None:
