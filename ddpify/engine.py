@@ -25,7 +25,7 @@ from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
-from ddpify.walk import walk
+from ddpify.walk import is_kind, walk
 
 PARSE_ERROR_CODE = "DDP000"
 PARSE_ERROR_NAME = "syntax-error"
@@ -137,7 +137,7 @@ class Context:
 
     def enclosing(self, *types: type) -> cst.CSTNode | None:
         for node in reversed(self.ancestors[:-1]):
-            if isinstance(node, types):
+            if is_kind(node, types):
                 return node
         return None
 

@@ -93,3 +93,44 @@ def test_fix_in_the_last_statement_of_a_crlf_file_with_trailing_comments():
     assert apply_fixes(source, [diagnostic]) == source.replace(
         "range(3):\r\n", "range(3):\r\n    sampler.set_epoch(epoch)\r\n"
     )
+
+
+# The node classes that hot per-node helpers test by exact type (`type(x) is cst.Call`)
+# instead of isinstance, which is slow against libcst's ABCs: exact and isinstance tests
+# agree only while libcst has no subclass of them.
+EXACTLY_TESTED = (
+    cst.Attribute,
+    cst.BooleanOperation,
+    cst.Break,
+    cst.Call,
+    cst.For,
+    cst.FunctionDef,
+    cst.If,
+    cst.IfExp,
+    cst.IndentedBlock,
+    cst.Module,
+    cst.Name,
+    cst.Return,
+    cst.Try,
+    cst.While,
+)
+
+
+def test_classes_tested_by_exact_type_have_no_subclasses():
+    assert {cls.__name__: cls.__subclasses__() for cls in EXACTLY_TESTED} == {
+        cls.__name__: [] for cls in EXACTLY_TESTED
+    }
+
+
+def test_is_kind_answers_as_isinstance():
+    from ddpify.walk import is_kind, walk
+
+    module = cst.parse_module(
+        "def f(x):\n    if x:\n        return g(x.y)\n    while x:\n        break\n"
+    )
+    kinds = [(cst.Call,), (cst.BaseCompoundStatement,), (cst.SimpleStatementLine, cst.Name)]
+    seen = []
+    walk(module, seen.append, lambda node: None)
+    for node in seen:
+        for kind in kinds:
+            assert is_kind(node, kind) == isinstance(node, kind)

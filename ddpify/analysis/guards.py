@@ -380,7 +380,7 @@ def exits(block: cst.BaseSuite) -> bool:
 
 def _after_early_exit(stmt: cst.BaseStatement) -> Scope | None:
     """`if rank != 0: return` (or `if rank == 0: ... else: return`) before a statement."""
-    if not isinstance(stmt, cst.If):
+    if type(stmt) is not cst.If:  # exact type: isinstance against libcst's ABCs is slow
         return None
     facts = _facts(stmt.test)
     if exits(stmt.body) and _as_scope(facts.orelse):
@@ -401,15 +401,16 @@ def _decorated_rank_zero(func: cst.FunctionDef) -> Scope | None:
 
 def _guard_between(parent: cst.CSTNode, child: cst.CSTNode) -> Scope | None:
     """The guard `parent` puts on `child`, one level of the ancestry."""
-    if isinstance(parent, (cst.If, cst.IfExp)):
+    kind = type(parent)  # exact types: isinstance against libcst's ABCs is slow
+    if kind is cst.If or kind is cst.IfExp:
         if child is parent.test:
             return None
         facts = _facts(parent.test)
         return _as_scope(facts.body if child is parent.body else facts.orelse)
-    if isinstance(parent, cst.BooleanOperation) and child is parent.right:
+    if kind is cst.BooleanOperation and child is parent.right:
         facts = _facts(parent.left)  # `is_main and log(x)`, `not is_main or log(x)`
         return _as_scope(facts.body if isinstance(parent.operator, cst.And) else facts.orelse)
-    if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+    if kind is cst.IndentedBlock or kind is cst.Module:
         if len(parent.body) > _LONG_BLOCK:
             return _exit_before_in_long_block(parent, child)
         for stmt in parent.body:

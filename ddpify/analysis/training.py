@@ -411,16 +411,17 @@ class LoopFacts:
         if node is self._last:
             return
         self._last = node
-        if isinstance(node, (cst.For, cst.While)):
+        kind = type(node)  # exact types: isinstance against libcst's ABCs is slow
+        if kind is cst.For or kind is cst.While:
             self.loops.append(Located(node, tuple(ancestors)))
-        elif isinstance(node, cst.FunctionDef):
+        elif kind is cst.FunctionDef:
             self.functions.append(Located(node, tuple(ancestors)))
-        elif isinstance(node, cst.Call):
+        elif kind is cst.Call:
             if is_exit_call(node):
                 self.exits.append(Located(node, tuple(ancestors)))
-        elif isinstance(node, (cst.Break, cst.Return)):
+        elif kind is cst.Break or kind is cst.Return:
             self.exits.append(Located(node, tuple(ancestors)))
-        elif isinstance(node, cst.Attribute) and node.attr.value in _NO_SYNC:
+        elif kind is cst.Attribute and node.attr.value in _NO_SYNC:
             self.no_sync.append(Located(node, tuple(ancestors)))
 
     def units_with_backward(self, tree: Tree, backwards: list[cst.Call]) -> list[Located]:

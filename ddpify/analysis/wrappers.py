@@ -31,7 +31,7 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import ImportMap, dotted, find_arg
-from ddpify.walk import children, walk
+from ddpify.walk import children, is_kind, walk
 
 if TYPE_CHECKING:
     from ddpify.engine import Context
@@ -295,7 +295,7 @@ def records_gradients(ancestors: Sequence[cst.CSTNode], qualify) -> bool:
 
 def innermost(ancestors: Sequence[cst.CSTNode], *types: type) -> cst.CSTNode | None:
     for node in reversed(ancestors):
-        if isinstance(node, types):
+        if is_kind(node, types):
             return node
     return None
 

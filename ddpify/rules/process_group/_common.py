@@ -44,9 +44,9 @@ _CLEANUP_NAME = re.compile(
 
 def callee_name(expr: cst.BaseExpression) -> str | None:
     """The last identifier of a callee, cheaply: a filter to run before `qualify`."""
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:  # exact types: see ddpify.walk.is_kind
         return expr.attr.value
-    return expr.value if isinstance(expr, cst.Name) else None
+    return expr.value if type(expr) is cst.Name else None
 
 
 def last_name(expr: cst.BaseExpression) -> str | None:

@@ -22,7 +22,6 @@ from ddpify.rules.process_group._common import (
     is_setup_name,
     last_name,
 )
-from ddpify.walk import walk
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 SAMPLER = "torch.utils.data.DistributedSampler"
@@ -64,50 +63,51 @@ def _conditions(ancestors: list[cst.CSTNode]) -> list[cst.CSTNode]:
     found: list[cst.CSTNode] = []
     for depth in range(len(ancestors) - 2, -1, -1):
         parent, child = ancestors[depth], ancestors[depth + 1]
-        if isinstance(parent, (cst.If, cst.While, cst.IfExp)) and child is not parent.test:
+        kind = type(parent)  # exact types: isinstance against libcst's ABCs is slow
+        if kind in (cst.If, cst.While, cst.IfExp) and child is not parent.test:
             found.append(parent.test)
-        elif isinstance(parent, cst.BooleanOperation) and child is parent.right:
+        elif kind is cst.BooleanOperation and child is parent.right:
             found.append(parent.left)
-        elif isinstance(parent, cst.Try) and child is parent.body and parent.handlers:
+        elif kind is cst.Try and child is parent.body and parent.handlers:
             found.append(parent)  # the author expected it to fail
-        elif isinstance(parent, (cst.IndentedBlock, cst.Module)):
+        elif kind is cst.IndentedBlock or kind is cst.Module:
             for stmt in parent.body:
                 if stmt is child:
                     break
-                if isinstance(stmt, cst.If) and exits(stmt.body):
+                if type(stmt) is cst.If and exits(stmt.body):
                     found.append(stmt.test)
     return found
 
 
 class _Scan:
-    """One walk, only for files that use a group and never create it: where each use sits."""
+    """Only for files that use a group and never create it: where each use sits, and the
+    other calls, in source order. Read from the engine's walk (`context.tree`'s calls and
+    parents), not from a walk of its own."""
 
-    def __init__(self, use_ids: set[int]) -> None:
-        self.use_ids = use_ids
-        self.ancestors: list[cst.CSTNode] = []
+    def __init__(self) -> None:
         self.uses: list[_Use] = []
         self.calls: list[cst.Call] = []
 
-    def enter(self, node: cst.CSTNode) -> None:
-        self.ancestors.append(node)
-        if not isinstance(node, cst.Call):
-            return
-        if id(node) in self.use_ids:
-            ancestors = self.ancestors
-            self.uses.append(
+    @classmethod
+    def of(cls, context, use_nodes: list[cst.Call]) -> _Scan:
+        scan = cls()
+        use_ids = {id(call) for call in use_nodes}
+        tree = context.tree
+        for call in tree.find(cst.Call):
+            if id(call) not in use_ids:
+                scan.calls.append(call)
+                continue
+            ancestors = tree.ancestors(call)
+            scan.uses.append(
                 _Use(
-                    node,
+                    call,
                     _conditions(ancestors),
                     not in_function(ancestors),
                     enclosing_top_level_unit(ancestors),
                     _in_test(ancestors),
                 )
             )
-        else:
-            self.calls.append(node)
-
-    def leave(self, node: cst.CSTNode) -> None:
-        self.ancestors.pop()
+        return scan
 
 
 def _in_test(ancestors: list[cst.CSTNode]) -> bool:
@@ -167,8 +167,7 @@ class NoInitProcessGroup(Rule):
         ]
         if not use_nodes:
             return
-        scan = _Scan({id(call) for call in use_nodes})
-        walk(node, scan.enter, scan.leave)
+        scan = _Scan.of(self.context, use_nodes)
         top_level = any(use.top_level for use in scan.uses)
         if not top_level and not is_entry_script(node, model.functions):
             return  # a library module: the caller initialises

@@ -29,7 +29,7 @@ from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
 from ddpify.analysis.wrappers import is_parameter
 from ddpify.rules.base import Rule
-from ddpify.walk import children
+from ddpify.walk import children, is_kind
 
 if TYPE_CHECKING:
     from ddpify.engine import Context
@@ -97,14 +97,14 @@ def positional_arg(call: cst.Call, index: int) -> cst.Arg | None:
 
 def last_name(expr: cst.BaseExpression) -> str:
     """`save` for `torch.save`, `self.save` or `save`; "" for any other callee."""
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:  # exact types: see ddpify.walk.is_kind
         return expr.attr.value
-    return expr.value if isinstance(expr, cst.Name) else ""
+    return expr.value if type(expr) is cst.Name else ""
 
 
 def innermost(ancestors: Sequence[cst.CSTNode], *types: type) -> cst.CSTNode | None:
     for node in reversed(ancestors):
-        if isinstance(node, types):
+        if is_kind(node, types):
             return node
     return None
 

@@ -394,9 +394,16 @@ def _backward_in(body: list[cst.BaseStatement]) -> tuple[int, cst.Call] | None:
     directly, or in a `with` block (autocast, no_sync), never under an `if`."""
     for index, statement in enumerate(body):
         for node in _unconditional(statement):
-            if isinstance(node, cst.Call) and method_name(node) == "backward":
+            if type(node) is cst.Call and method_name(node) == "backward":
                 return index, node
     return None
+
+
+_CONDITIONAL = (cst.If, cst.For, cst.While, cst.Try, cst.FunctionDef, cst.Lambda, cst.ClassDef)
+# type -> whether its body may not run when it does: asked by exact type, cached, since
+# `isinstance` against libcst's ABC node classes goes through ABCMeta's check per class
+# (this runs for every node of every loop body, on every lint: the language server's).
+_conditional_types: dict[type, bool] = {}
 
 
 def _unconditional(statement: cst.CSTNode):
@@ -405,15 +412,14 @@ def _unconditional(statement: cst.CSTNode):
     while stack:
         node = stack.pop()
         yield node
-        if isinstance(node, (cst.If, cst.For, cst.While, cst.Try, cst.FunctionDef, cst.Lambda)):
-            continue
-        if isinstance(node, cst.ClassDef):
-            continue
-        stack.extend(_children(node))
-
-
-def _children(node: cst.CSTNode):
-    return reversed(list(children(node)))
+        node_type = type(node)
+        conditional = _conditional_types.get(node_type)
+        if conditional is None:
+            conditional = _conditional_types[node_type] = issubclass(node_type, _CONDITIONAL)
+        if not conditional:
+            found = list(children(node))
+            found.reverse()
+            stack.extend(found)
 
 
 def _accumulation_step(model, statements: list[cst.BaseStatement]) -> cst.If | None:
