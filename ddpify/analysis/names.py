@@ -34,6 +34,7 @@ CANONICAL = {
 
 
 _STAR_EXPORTED = {"torch": "torch", "nn": "torch.nn"}
+_UNKNOWN = object()
 
 
 def dotted(node: cst.BaseExpression) -> str | None:
@@ -64,8 +65,13 @@ class ImportMap:
         # `from .utils import save` -> {"save": ".utils.save"}: a module of this package,
         # kept apart so `qualify` never mistakes it for a library name.
         self.relative: dict[str, str] = {}
+        # node -> what `qualify` answered: every rule qualifies the callee of every call
+        # it visits. Valid until the next import is added (imports only ever come through
+        # `add`; nothing else writes the maps above).
+        self._qualified: dict[cst.BaseExpression, str | None] = {}
 
     def add(self, node: cst.Import | cst.ImportFrom) -> None:
+        self._qualified.clear()
         if isinstance(node, cst.Import):
             for alias in node.names:
                 full = _module_path(alias.name)
@@ -132,6 +138,13 @@ class ImportMap:
 
     def qualify(self, node: cst.BaseExpression) -> str | None:
         """The canonical dotted name `node` refers to, or None if it is not imported."""
+        qualified = self._qualified
+        found = qualified.get(node, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = qualified[node] = self._qualify(node)
+        return found  # type: ignore[return-value]
+
+    def _qualify(self, node: cst.BaseExpression) -> str | None:
         path = dotted(node)
         if path is None:
             return None

@@ -117,15 +117,26 @@ class AccumulationWithoutNoSync(LoopRule):
         """The accumulation pattern in the unit holding a backward, else in a loop around
         it within the same function: the loop that steps the optimizer may enclose the
         one that runs the backward (a rollout over time steps per batch)."""
-        model = self.context.model
-        found = _accumulation(model, unit, wrappers, any_model)
+        found = self._accumulation(unit, wrappers, any_model)
         if found is not None or isinstance(unit.node, cst.FunctionDef):
             return found
         for outer in self._enclosing_loops(unit):
-            found = _accumulation(model, outer, wrappers, any_model)
+            found = self._accumulation(outer, wrappers, any_model)
             if found is not None:
                 return found
         return None
+
+    def _accumulation(
+        self, loop: Located, wrappers: set[str], any_model: bool
+    ) -> _Accumulation | None:
+        """`_accumulation`, finding each loop's micro-step once: `leave_Module` asks about
+        each unit up to three times (its wrappers, any model, whether another module
+        wraps), and finding the backward walks the loop's statements."""
+        steps = self.__dict__.setdefault("_micro_steps", {})
+        if id(loop.node) not in steps:
+            steps[id(loop.node)] = _micro_step(self.context.model, loop)
+        step = steps[id(loop.node)]
+        return None if step is None else _accumulation(loop, step, wrappers, any_model)
 
     def _enclosing_loops(self, unit: Located) -> list[Located]:
         """The loops around `unit`'s loop, innermost first, up to its function."""
@@ -344,11 +355,19 @@ def _is_plain_import(statement: cst.CSTNode) -> bool:
     return False
 
 
-def _accumulation(
-    model, loop: Located, wrappers: set[str], any_model: bool = False
-) -> _Accumulation | None:
-    """The accumulation pattern in a loop or function body; `any_model`: take the first
-    name that reads as a model (`self.model`, `net`) for the wrapper."""
+@dataclass
+class _MicroStep:
+    """A loop or function body that runs a backward and, after it, an `if` stepping the
+    optimizer: accumulation, whichever model it trains."""
+
+    body: list[cst.BaseStatement]
+    index: int  # the body statement running the backward
+    backward: cst.Call
+    nested: bool  # the backward runs in a loop nested in that statement
+    step_if: cst.If
+
+
+def _micro_step(model, loop: Located) -> _MicroStep | None:
     node = loop.node
     if not isinstance(node.body, cst.IndentedBlock):
         return None
@@ -363,6 +382,22 @@ def _accumulation(
     step_if = _accumulation_step(model, body[index + 1 :])
     if step_if is None:
         return None
+    return _MicroStep(body, index, call, nested, step_if)
+
+
+def _accumulation(
+    loop: Located, step: _MicroStep, wrappers: set[str], any_model: bool = False
+) -> _Accumulation | None:
+    """The accumulation pattern of `step` with a DDP wrapper; `any_model`: take the first
+    name that reads as a model (`self.model`, `net`) for the wrapper."""
+    node = loop.node
+    body, index, call, nested, step_if = (
+        step.body,
+        step.index,
+        step.backward,
+        step.nested,
+        step.step_if,
+    )
     used = names_of(node)
     if any_model:
         wrappers = {name for name in used if _MODEL_NAME.search(name.rsplit(".", 1)[-1])}
