@@ -48,12 +48,27 @@ class GaveUp(Exception):
     """The input stopped the work (the parser crashed, or the time limit passed)."""
 
 
+# The last text scanned and the answer: `guarded` and then the engine's parse ask about
+# the same string (the language server's round trip scans each edit's text once).
+_last_scan: tuple[str, bool] | None = None
+
+
 def risky(text: str) -> bool:
     """Whether `text` nests brackets deeply or chains very many operators in one line.
 
     A rough scan (brackets inside strings count too): it only decides where the work
     runs, so a false alarm costs a process start, never a finding.
     """
+    global _last_scan
+    last = _last_scan
+    if last is not None and last[0] is text:
+        return last[1]
+    found = _scan(text)
+    _last_scan = (text, found)
+    return found
+
+
+def _scan(text: str) -> bool:
     depth = chain = 0
     for match in _SCAN.finditer(text):
         char = match.group()[0]
