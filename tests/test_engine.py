@@ -111,6 +111,7 @@ EXACTLY_TESTED = (
     cst.Module,
     cst.Name,
     cst.Return,
+    cst.Subscript,
     cst.Try,
     cst.While,
 )

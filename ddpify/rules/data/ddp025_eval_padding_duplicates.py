@@ -130,9 +130,9 @@ class EvalPaddingDuplicates(LoaderRule):
 
 
 def _last_identifier(expr: cst.BaseExpression) -> str:
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:  # exact types: see ddpify.walk.is_kind
         return expr.attr.value
-    return expr.value if isinstance(expr, cst.Name) else ""
+    return expr.value if type(expr) is cst.Name else ""
 
 
 def _loader_like(name: str) -> bool:

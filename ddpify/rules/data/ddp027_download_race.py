@@ -72,7 +72,7 @@ class DownloadRace(Rule):
 
     def _may_be_local(self, func: cst.BaseExpression) -> bool:
         """An imported name that is not torch's: it may name a helper of a local module."""
-        if isinstance(func, cst.Subscript):
+        if type(func) is cst.Subscript:  # exact type: see ddpify.walk.is_kind
             func = func.value
         qualified = self.context.imports.qualify_local(func)
         return qualified is not None and not qualified.startswith("torch")

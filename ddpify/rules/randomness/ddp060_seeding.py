@@ -56,8 +56,9 @@ class SameSeedEveryRank(DistributedRule):
     def visit_Call(self, node: cst.Call) -> None:
         self.order += 1
         name = self.context.qualify(node.func)
-        if isinstance(node.func, (cst.Name, cst.Attribute)) and name is None:
-            callee = node.func.value if isinstance(node.func, cst.Name) else node.func.attr.value
+        kind = type(node.func)  # exact types: see ddpify.walk.is_kind
+        if (kind is cst.Name or kind is cst.Attribute) and name is None:
+            callee = node.func.value if kind is cst.Name else node.func.attr.value
             self.local_calls.setdefault(callee, []).append(node)  # type: ignore[arg-type]
         if name in SEED_CALLS:
             self._seeded_with(node, node.args[0].value if node.args else None)

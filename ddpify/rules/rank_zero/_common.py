@@ -230,9 +230,9 @@ class RankZeroFacts:
         ancestors = tuple(self.context.ancestors)
         qualified = self.callee = self.context.qualify(call.func)
         if qualified is None:
-            if isinstance(call.func, cst.Name):
+            if type(call.func) is cst.Name:  # exact types: see ddpify.walk.is_kind
                 self.sites[call.func.value].append(Site(ancestors))
-            elif isinstance(call.func, cst.Attribute):
+            elif type(call.func) is cst.Attribute:
                 receiver = dotted(call.func.value)
                 site = Site(ancestors, receiver=receiver)
                 self.method_sites[call.func.attr.value].append(site)

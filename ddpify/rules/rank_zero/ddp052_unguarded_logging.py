@@ -121,7 +121,7 @@ class UnguardedLogging(RankZeroRule):
         return rank_zero_scope(ancestors) is not None or non_zero_guarded(ancestors)
 
     def _kind(self, node: cst.Call, qualified: str | None) -> str | None:
-        if qualified is None and isinstance(node.func, cst.Name) and node.func.value == "print":
+        if qualified is None and type(node.func) is cst.Name and node.func.value == "print":
             return PRINT
         if qualified in PRINTS:
             return PRINT

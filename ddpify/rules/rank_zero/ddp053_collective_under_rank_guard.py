@@ -42,7 +42,7 @@ class CollectiveUnderRankGuard(RankZeroRule):
     def on_call(self, node: cst.Call, qualified: str | None) -> None:
         if qualified in COLLECTIVES:
             self.collectives.append(_Collective(node, qualified, self.snapshot(), self.facts.seq))
-        elif qualified is None and isinstance(node.func, (cst.Name, cst.Attribute)):
+        elif qualified is None and type(node.func) in (cst.Name, cst.Attribute):
             self.collectives.append(_Collective(node, None, self.snapshot(), self.facts.seq))
 
     def leave_Module(self, node: cst.Module) -> None:

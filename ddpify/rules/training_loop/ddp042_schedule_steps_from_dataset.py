@@ -64,7 +64,7 @@ class ScheduleStepsFromDataset(LoopRule):
     def visit_Call(self, node: cst.Call) -> None:
         self.order += 1
         func = node.func
-        if isinstance(func, cst.Name) and func.value == "len":
+        if type(func) is cst.Name and func.value == "len":
             self._place(node)
             return
         last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")

@@ -77,9 +77,9 @@ def _catches_import_failure(node: cst.Try) -> bool:
 def in_compat_shim(ancestors: list[cst.CSTNode]) -> bool:
     """Inside `try: ... except ImportError:` or `if hasattr(torch, "amp"):`-style code."""
     for node in ancestors:
-        if isinstance(node, cst.Try) and _catches_import_failure(node):
+        if type(node) is cst.Try and _catches_import_failure(node):  # exact: is_kind
             return True
-        if isinstance(node, cst.If):
+        if type(node) is cst.If:
             words = [name.lower() for name in identifiers(node.test)]
             if any("version" in word or word == "hasattr" for word in words):
                 return True
@@ -164,8 +164,8 @@ class AmpLegacyApi(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        last = func.attr.value if isinstance(func, cst.Attribute) else None
-        if last not in MODERN and not isinstance(func, cst.Name):
+        last = func.attr.value if type(func) is cst.Attribute else None
+        if last not in MODERN and type(func) is not cst.Name:
             return  # cheap filter: most calls are neither, and qualifying costs
         legacy = self.context.qualify(func)
         if legacy not in LEGACY_CALLS or in_compat_shim(self.context.ancestors):

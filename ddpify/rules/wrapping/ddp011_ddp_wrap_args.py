@@ -90,7 +90,7 @@ class DdpWrapArgs(DistributedRule):
             if receiver is not None:
                 self._step(receiver, _Event.MOVE)
         keeps_device = callee in _KEEP_DEVICE or (
-            isinstance(node.func, cst.Name) and node.func.value in _KEEP_DEVICE
+            type(node.func) is cst.Name and node.func.value in _KEEP_DEVICE
         )
         if not keeps_device:
             for arg in node.args:

@@ -107,9 +107,10 @@ def _mentions_batch_norm(call: cst.Call) -> bool:
     """`nn.BatchNorm2d(16)`, or a BatchNorm class among the arguments (asked of every
     call: a string test on each last identifier before the pattern)."""
     for expr in (call.func, *(arg.value for arg in call.args)):
-        if isinstance(expr, cst.Attribute):
+        kind = type(expr)  # exact types: see ddpify.walk.is_kind
+        if kind is cst.Attribute:
             last = expr.attr.value
-        elif isinstance(expr, cst.Name):
+        elif kind is cst.Name:
             last = expr.value
         else:
             continue

@@ -65,7 +65,7 @@ class WrapperAttributeAccess(WrapperRule):
         self.accesses.append(_Access(node, self.place()))
 
     def on_call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name) and node.func.value not in _BUILTINS:
+        if type(node.func) is cst.Name and node.func.value not in _BUILTINS:
             for index, arg in enumerate(node.args):
                 if not arg.star and dotted(arg.value) is not None:
                     self.passed.append((node, index, arg, self.place()))
