@@ -97,9 +97,13 @@ class Reparser:
         # Statements that end before the edit: all but the last of them are kept.
         ends = starts[1:] + [len(old_text) - self._footer_length(old)]
         first = max(bisect.bisect_right(ends, prefix) - 1, 0)
-        # Statements that start after the edit: all but the first of them are kept.
-        after = bisect.bisect_left(starts, old_end)
+        # Statements that start after the edit (one it starts at is edited): all but the
+        # first of them are kept.
+        after = bisect.bisect_right(starts, old_end)
         last = min(after + 1, len(starts))
+        inside = self._inside_one(prefix, old_end)
+        if inside is not None:
+            first, last = inside, inside + 1
         start = starts[first] if first > 0 else 0
         stop_old = starts[last] if last < len(starts) else len(old_text)
         stop_new = stop_old - len(old_text) + len(text)
@@ -130,6 +134,30 @@ class Reparser:
             return None
         self.reused = first + len(old.body) - last
         return module
+
+    def _inside_one(self, prefix: int, old_end: int) -> int | None:
+        """The statement an edit lies inside, when it alone needs parsing again: the edit
+        leaves its first character (where its code starts, after its leading lines)
+        and everything from the next statement's leading lines on, and those lines are
+        not indented. Lines move between statements only through indented lines: a
+        block's footer takes the lines after it up to the last one indented at its
+        level, and its own trailing lines are parsed with it (left over, they land in
+        the region's footer, which `_fits` refuses)."""
+        old, starts = self.module, self.starts
+        assert old is not None
+        k = bisect.bisect_right(starts, prefix) - 1
+        if k < 0:
+            return None
+        statement = old.body[k]
+        leading = sum(len(self.render.code_of(old, line)) for line in statement.leading_lines)
+        if prefix <= starts[k] + leading:
+            return None
+        if k + 1 < len(starts):
+            if old_end > starts[k + 1]:
+                return None
+            if any(line.whitespace.value for line in old.body[k + 1].leading_lines):
+                return None
+        return k
 
     def _footer_length(self, module: cst.Module) -> int:
         return sum(len(self.render.code_of(module, line)) for line in module.footer)

@@ -46,10 +46,22 @@ def test_an_edit_inside_a_function_reparses_only_around_it():
     module = reparser.parse(edited)
     _same(module, edited)
     statements = len(module.body)
-    assert reparser.reused >= statements - 3
-    # The statements away from the edit are the very same objects (the one on each side
-    # of the edited function is parsed again: an edit can move comment lines across).
-    assert all(new is old for new, old in zip(module.body[:-3], first.body[:-3]))
+    # An edit inside one function parses that function alone: every other statement is
+    # the very same object.
+    assert reparser.reused == statements - 1
+    assert sum(new is not old for new, old in zip(module.body, first.body)) == 1
+
+
+def test_an_edit_next_to_indented_comment_lines_reparses_the_statements_around_it():
+    """Indented comment lines between two functions may move into the block above them
+    when an edit changes its indentation: the neighbours are parsed with the edit."""
+    text = "def f():\n    x = 1\n  # between\ndef g():\n    pass\n\n\ndef h():\n    pass\n"
+    reparser = Reparser()
+    first = reparser.parse(text)
+    edited = text.replace("    x = 1", "  x = 1")  # the comment now belongs to f's block
+    module = reparser.parse(edited)
+    _same(module, edited)
+    assert module.body[1] is not first.body[1]  # g: its leading comment moved into f
 
 
 @pytest.mark.parametrize("seed", [0])
@@ -82,3 +94,15 @@ def test_random_edits_give_the_module_a_full_parse_gives(seed):
         reused += reparser.reused > 0
         text = edited
     assert reused >= 5  # most valid edits reused statements
+
+
+def test_an_edit_at_the_start_of_a_statement_reparses_the_one_after_it_too():
+    """Indenting `if a:` makes it part of `f`, and the indented comment line after it
+    (in `g`'s leading lines until then) a line of `f`'s block: `g` is parsed again."""
+    text = (
+        "def f(a):\n    return a\nif a:\n        pass\n# c\n    # indented\ndef g(a):\n    pass\n"
+    )
+    reparser = Reparser()
+    reparser.parse(text)
+    edited = text.replace("\nif a:", "\n    if a:")
+    _same(reparser.parse(edited), edited)
