@@ -1,6 +1,6 @@
 """Latency of an LSP diagnostic round trip on a 500-line training script.
 
-    python benchmarks/bench_lsp.py [--lines 500] [--edits 30]
+    python benchmarks/bench_lsp.py [--lines 500] [--edits 30] [--profile]
 
 Starts `python -m ddpify lsp` over stdio, opens a synthetic training script written for
 this benchmark, then sends full-text didChange edits and times each until the matching
@@ -15,6 +15,12 @@ Beside wall time, the server's CPU time per edit (its process's user + system ti
 series, from /proc, Linux only): on a shared machine it moves much less than wall time.
 Fixes are rendered when a code action first asks for them after an edit: the first
 codeAction request after an edit is timed apart from the repeated ones.
+
+`--profile`: where the server's time per edit goes instead, measured in this process
+(CPU time, median over the edits): the same two edits through the server's own lint
+(`DdpifyServer.lint`, without the JSON-RPC), its incremental parse alone, the engine's
+walk with no rule, with every rule, and each rule alone (with the facts it shares with
+others: the costs of rules overlap).
 """
 
 from __future__ import annotations
@@ -83,11 +89,96 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _median_cpu(run, versions) -> float:
+    times = []
+    for version in versions:
+        start = time.process_time()
+        run(version)
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def profile(lines: int, edits: int) -> None:
+    """Where the time of one edit goes, in this process (see the module's docstring)."""
+    from ddpify.config import Config
+
+    text = synthetic_script(lines)
+    middle = text.rindex("    total = 0.0\n", 0, len(text) // 2)
+    kinds = {
+        "comment at the end": lambda v: text + f"# edit {v}\n",
+        "in a function body": lambda v: f"{text[:middle]}    total = {v}.0\n{text[middle + 16 :]}",
+    }
+    rules = Config().rules()
+    for label, edit in kinds.items():
+        _profile_edit(label, text, edit, rules, edits)
+    _profile_rules(edit(1), rules)
+
+
+def _profile_edit(label: str, text: str, edit, rules, edits: int) -> None:
+    import libcst as cst
+
+    from ddpify import engine
+    from ddpify.guarded import deep
+    from ddpify.lsp import DdpifyServer
+    from ddpify.reparse import Reparser
+
+    class Buffer(DdpifyServer):  # the server's lint of an in-memory document
+        document = text
+
+        def document_text(self, uri: str) -> tuple[str, str]:
+            return self.document, "/nonexistent/train.py"
+
+    server = Buffer()
+    server.lint("file:///train.py")
+
+    def lint(version: int) -> None:
+        server.document = edit(version)
+        server.lint("file:///train.py")
+
+    reparser = Reparser()
+    reparser.parse(text)
+    versions = range(2, 2 + edits)
+    total = _median_cpu(lint, versions)
+    parse = _median_cpu(lambda v: reparser.parse(edit(v)), versions)
+    module = cst.parse_module(edit(1))
+    walk = _median_cpu(lambda v: deep(engine.run_rules, module, []), range(edits))
+    every = _median_cpu(lambda v: deep(engine.run_rules, module, rules), range(edits))
+    ms = lambda s: f"{s * 1000:8.1f}"  # noqa: E731
+    print(f"edit: {label}, CPU ms per edit (median)")
+    print(f"  {'the server lint (no JSON-RPC)':<40}{ms(total)}")
+    print(f"  {'incremental parse':<40}{ms(parse)}")
+    print(f"  {'engine walk, no rule':<40}{ms(walk)}")
+    print(f"  {'rules (walk with all, less walk alone)':<40}{ms(every - walk)}")
+    print(f"  {'the rest (positions, diagnostics, ...)':<40}{ms(total - parse - every)}")
+
+
+def _profile_rules(text: str, rules) -> None:
+    import libcst as cst
+
+    from ddpify import engine
+    from ddpify.guarded import deep
+
+    module = cst.parse_module(text)
+    walk = _median_cpu(lambda v: deep(engine.run_rules, module, []), range(7))
+    alone = {
+        rule.CODE: _median_cpu(lambda v, r=rule: deep(engine.run_rules, module, [r]), range(7))
+        - walk
+        for rule in rules
+    }
+    top = sorted(alone.items(), key=lambda item: -item[1])[:10]
+    shown = ", ".join(f"{code} {seconds * 1000:.1f}" for code, seconds in top)
+    print(f"each rule alone, over the walk (ms): {shown}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=500)
     parser.add_argument("--edits", type=int, default=30)
+    parser.add_argument("--profile", action="store_true", help="where an edit's time goes")
     args = parser.parse_args()
+    if args.profile:
+        profile(args.lines, args.edits)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
