@@ -368,6 +368,10 @@ class LoaderFacts:
             value = next(filter(None, (distributed_sampler_value(tree, b) for b in branches)))
         return next((s for s in self.samplers if s.call is value), None)
 
+    def loaders_drawing_from(self, sampler: SamplerCall) -> list[LoaderCall]:
+        """The loaders whose `sampler=` is `sampler`."""
+        return [loader for loader in self.loaders if self.distributed_sampler_of(loader) is sampler]
+
     def loader_names(self) -> set[str]:
         return {loader.target for loader in self.loaders if loader.target}
 
