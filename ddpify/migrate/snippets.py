@@ -161,7 +161,8 @@ class {name}({torch}.utils.data.Sampler):
     `num_samples` indices (a generator seeded with `seed` + the epoch), drops the last
     `num_samples % WORLD_SIZE` and keeps every WORLD_SIZE-th index from RANK: together the
     ranks draw from the original's distribution. Each pass draws anew (the epoch counts
-    the passes; `set_epoch` sets it, as a DistributedSampler's does)."""
+    the passes; `set_epoch` sets it, as a DistributedSampler's does). A `generator` is
+    not used: a per-process generator would give the ranks different draws."""
 
     def __init__(self, weights, num_samples, replacement=True, generator=None, seed=0):
         self.weights = {torch}.as_tensor(weights, dtype={torch}.double)
