@@ -223,6 +223,9 @@ OWN_PLANTED_BUGS = [
     # Hand-made batches: conclusive, so a wrong conversion is a mismatch, not inconclusive.
     ("toy_stream", "bug_loss_divided.py", "0.5x the original's"),
     ("toy_stream", "bug_seed_per_rank.py", "the ranks split different batches"),
+    # A weighted draw shared out by rank (migrate/weighted.py), every rank keeping rank 0's
+    # share: the probe aligns the draws, not the shares, so the data differ.
+    ("weighted", "bug_same_share_on_every_rank.py", "every process saw the same batch"),
 ]
 
 

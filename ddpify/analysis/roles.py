@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker_of, unwrap
-from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
+from ddpify.analysis.batches import BatchAssignment, batch_assignments, body_nodes, names_read
 from ddpify.analysis.evaluation import looks_like_eval
+from ddpify.analysis.fetchers import fetched_loaders
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
@@ -733,11 +734,32 @@ def _loaders_fed_by_next(
             read = _read_through(names_read(value), bindings, sources)
             feeding |= {id(loader.call) for loader in every if loader.names & read}
         if not feeding:
+            fetched = _fetched_by_step(tree, loop, bindings)
+            feeding |= {id(loader.call) for loader in every if loader.names & fetched}
+        if not feeding:
             still.append(loop)
         for loader in every:
             if id(loader.call) in feeding and all(loader.call is not t.call for t in loaders):
-                loaders.append(loader)
+                loaders.append(_without_bundled_evaluation(tree, loader))
     return loaders, still
+
+
+def _without_bundled_evaluation(tree, loader: Loader) -> Loader:
+    """`loader` without the bundle names that read as evaluation data (`loaders.val`, from
+    the helper that also builds `loaders.train`): one DataLoader call, two loaders."""
+    evaluation = {name for _, name in bundled_results(tree, loader.call) if looks_like_eval(name)}
+    kept = loader.names - evaluation
+    return Loader(loader.call, kept) if kept else loader
+
+
+def _fetched_by_step(tree, loop: cst.For | cst.While, bindings) -> set[str]:
+    """The loaders a fetcher object pulled from in the step hands out (`inputs =
+    next(fetcher)`, `fetcher = InputFetcher(loaders.src, loaders.ref)`): analysis/fetchers.py."""
+    found: set[str] = set()
+    for node in body_nodes(loop):
+        if isinstance(node, cst.Call):
+            found |= fetched_loaders(tree.view, node, bindings)
+    return found
 
 
 def _read_through(read: set[str], bindings, sources: set[str]) -> set[str]:
@@ -1054,7 +1076,66 @@ def _names_of_loader(tree: Tree, call: cst.Call) -> set[str]:
     """Where a DataLoader(...) ends up: `x = DataLoader(..)`, or returned by a helper whose
     result is bound (`train, val = make_loaders()`), also through helpers that return the
     helper's result in turn (`_get_data(flag)` around `data_provider(args, flag)`)."""
-    return _names_of_loader_here(tree, call) | {name for _, name in helper_results(tree, call)}
+    return (
+        _names_of_loader_here(tree, call)
+        | {name for _, name in helper_results(tree, call)}
+        | {name for _, name in bundled_results(tree, call)}
+    )
+
+
+# Attribute bundles: `loaders = Munch(src=get_loader(...), val=...)` keeps a loader as
+# `loaders.src`.
+BUNDLES = frozenset({"Munch", "EasyDict", "edict", "SimpleNamespace", "AttrDict", "DotMap"})
+
+
+def bundled_results(tree: Tree, loader: cst.Call) -> list[tuple[cst.Call, str]]:
+    """(the call, `loaders.src`) where the loader `loader` builds (the call itself, or the
+    call of a helper that returns it: `return DataLoader(...)`) is a keyword of an attribute
+    bundle bound to `loaders`, and that bundle is handed to a function that trains
+    (`solver.train(loaders)`): a bundle of the same name handed only to
+    `solver.sample(loaders)` keeps its loaders out."""
+    view = tree.view
+    made = [loader]
+    func = view.function(loader)
+    if func is not None and isinstance(view.parent.get(loader), cst.Return):
+        made += [c for c in view.find(cst.Call) if _callee(c) == func.name.value]
+    found = []
+    for call in made:
+        arg = view.parent.get(call)
+        bundle = view.parent.get(arg) if isinstance(arg, cst.Arg) and arg.keyword else None
+        if not isinstance(bundle, cst.Call) or _callee(bundle) not in BUNDLES:
+            continue
+        statement = view.statement(bundle)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not isinstance(small, cst.Assign) or small.value is not bundle:
+            continue
+        name = dotted(small.targets[0].target)
+        if name is not None and _handed_to_training(tree, statement, name):
+            found.append((call, f"{name}.{arg.keyword.value}"))  # type: ignore[union-attr]
+    return found
+
+
+def method_or_name(call: cst.Call) -> str | None:
+    """`train` for `train(x)`, `solver.train(x)` and `Solver(args).train(x)` alike."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return call.func.value if isinstance(call.func, cst.Name) else None
+
+
+def _handed_to_training(tree: Tree, statement: cst.BaseStatement, name: str) -> bool:
+    """Whether a statement after `statement`, in its block, calls a function that trains
+    with `name` as an argument."""
+    view = tree.view
+    block = view.parent.get(statement)
+    body = list(getattr(block, "body", []))
+    if statement not in body:
+        return False
+    trains = training_functions(tree)
+    for later in body[body.index(statement) + 1 :]:
+        for call in view.within(later, cst.Call):
+            if method_or_name(call) in trains and any(dotted(a.value) == name for a in call.args):
+                return True
+    return False
 
 
 def training_loop_sources(tree: Tree) -> set[str]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.batch_coupling import batch_comparisons
-from ddpify.analysis.endless import pass_restarts
+from ddpify.analysis.endless import PassRestart, pass_restarts
 from ddpify.analysis.epochs import epoch_loops
+from ddpify.analysis.fetchers import fetcher_restarts
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import (
+    bundled_results,
     distributed_sampler_value,
     iterated_name,
     project_has_hand_made_batches,
@@ -44,6 +46,7 @@ from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.replicate import project_replicates, replicate
 from ddpify.migrate.streams import shard_streams, stream_of, unsharded_stream_note
+from ddpify.migrate.weighted import converted_sampler, shard_weighted, weighted_loader
 
 NAME = "data"
 ADAPTIVE = {
@@ -154,6 +157,12 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     if sampler is not None or batch_sampler is not None:
         given = sampler or batch_sampler
         if sampler is not None and _shard_none_sampler(tree, plan, edits, call, sampler):
+            return
+        if sampler is not None and converted_sampler(tree, sampler.value):
+            return  # migrated before: the weighted draw is shared out by rank
+        weighted = weighted_loader(tree, loader) if plan.shape.converts else None
+        if weighted is not None:
+            shard_weighted(tree, plan, edits, weighted)
             return
         if distributed_sampler_value(tree, given.value) is None:  # type: ignore[union-attr]
             if plan.shape.converts:
@@ -307,6 +316,9 @@ def _note_sharded_evaluation(tree: Tree, plan: Plan, loaders: list[Loader]) -> N
         if not _gets_a_sampler(tree, loader.call):
             continue
         sites = helper_results(tree, loader.call)
+        # `loaders = Munch(train=get_loader(..), val=get_loader(..))`: the bundle's names.
+        sites += bundled_results(tree, loader.call)
+        trained |= loader.names
         if not any(name in trained for _, name in sites):
             continue  # no call site keeps the training loader: the helper is not understood
         helper = tree.view.function(loader.call).name.value  # type: ignore[union-attr]
@@ -567,7 +579,7 @@ def _set_epoch_per_pass(tree: Tree, plan: Plan, edits: Edits, loaders: list[Load
         shuffle = find_arg(loader.call, "shuffle", 2)
         if shuffle is None or dotted(shuffle.value) == "False":
             continue
-        restarts = pass_restarts(tree.view, loader.names)
+        restarts = pass_restarts(tree.view, loader.names) + _fetcher_passes(tree, loader)
         if restarts:
             covered.add(id(loader.call))
         for restart in restarts:
@@ -590,6 +602,17 @@ def _set_epoch_per_pass(tree: Tree, plan: Plan, edits: Edits, loaders: list[Load
                 "DDP022",
             )
     return covered
+
+
+def _fetcher_passes(tree: Tree, loader: Loader) -> list[PassRestart]:
+    """Where a fetcher object built from `loader` makes its iterator over it again
+    (`self.iter = iter(self.loader)`): a new pass begins there, as in an endless generator."""
+    found = []
+    for restart in fetcher_restarts(tree.view, loader.names):
+        method = tree.view.function(restart.statement)
+        if method is not None:
+            found.append(PassRestart(method, restart.attribute, restart.statement, after=False))
+    return found
 
 
 def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:

@@ -564,7 +564,10 @@ def _trained_bindings(
     class to rebuild recorded in `containers`)."""
     found = []
     for optimizer in optimizers:
-        for owner in trained_owners(tree.view, optimizer):
+        owners = trained_owners(tree.view, optimizer)
+        if not owners:
+            _refuse_untraced_parameters(tree, optimizer)
+        for owner in owners:
             collection, element = ranged_collection(tree, optimizer, owner) or (None, None)
             if owner in collection_owners(optimizer):  # `Adam(nets["g"].parameters())`
                 collection = owner
@@ -593,6 +596,31 @@ def _trained_bindings(
                 )
             found.append(resolved)
     return found
+
+
+def _refuse_untraced_parameters(tree: Tree, optimizer: cst.Call) -> None:
+    """An optimizer whose parameters ddpify cannot trace to a module (`Adam(params=
+    self.nets[net].parameters())` over the keys of a dict a helper returns): the modules
+    it trains would stay unwrapped, each rank training its own copy. Name the optimizer
+    and the DataParallel wraps of the project, where a DDP wrap would go."""
+    line = _first_line(tree.code(tree.statement(optimizer)))
+    params = optimizer.args[0].value if optimizer.args else None
+    trains = f" `{tree.code(params)}`" if params is not None else ""
+    where = "where each trained module is built"
+    view = tree.view
+    parallel = view.calls_to(DATA_PARALLEL)
+    if parallel:
+        first = parallel[0]
+        func = view.function(first)
+        inside = f" in `{func.name.value}`" if func is not None else ""
+        more = f" and {len(parallel) - 1} more" if len(parallel) > 1 else ""
+        where = f"in place of `{_first_line(view.code(first))}`{inside}{more}"
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"`{line}` trains{trains}, which ddpify cannot trace to the modules it builds, so "
+        "it cannot wrap them in DistributedDataParallel (each rank would train its own "
+        f"copy); wrap each trained module in DistributedDataParallel {where}",
+    )
 
 
 # Calls that build a dict a comprehension rebuilds alike: a plain one, or one given back

@@ -58,6 +58,9 @@ import warnings
 
 CONFIG_ENV = "DDPIFY_VERIFY_CONFIG"
 SEED = 1234
+# The class ddpify migrate writes for a WeightedRandomSampler (ddpify/migrate/snippets.py;
+# the probe runs without ddpify, so the name is repeated here).
+WEIGHTED_SAMPLER_CLASS = "DistributedWeightedSampler"
 SUM_REDUCED_LOSSES = (
     "cross_entropy",
     "nll_loss",
@@ -407,6 +410,76 @@ class Probe:
             )
 
         DistributedSampler.__iter__ = canonical_distributed_iter
+        self.patch_weighted_sampler()
+
+    def patch_weighted_sampler(self) -> None:
+        """A WeightedRandomSampler (the original's) draws one canonical weighted draw per
+        pass over its loader (the probe's seed plus the pass), cut to a multiple of N, as
+        the migration's DistributedWeightedSampler (recognised by its class name, see
+        ddpify/migrate/weighted.py) draws when given the same seed and pass: its ranks'
+        step-i batches together are then the original's step-i batch."""
+        from torch.utils.data import DataLoader, WeightedRandomSampler
+
+        probe = self
+        replicas = int(self.config.get("nproc") or self.world)
+        if self.role == "reference":  # the per-rank reference deals its own shares
+            native_weighted = WeightedRandomSampler.__iter__
+
+            def flagged_iter(self):
+                probe.flag("unaligned_sampler", "WeightedRandomSampler")
+                return native_weighted(self)
+
+            WeightedRandomSampler.__iter__ = flagged_iter
+            return
+
+        def canonical_weighted_iter(self):
+            self._ddpify_epoch = getattr(self, "_ddpify_epoch", -1) + 1
+            return iter(probe.weighted_draw(self, replicas))
+
+        WeightedRandomSampler.__iter__ = canonical_weighted_iter
+        loader_init = DataLoader.__init__
+
+        def init(self, *args, **kwargs):
+            loader_init(self, *args, **kwargs)
+            sampler_class = type(getattr(self, "sampler", None))
+            if sampler_class.__name__ == WEIGHTED_SAMPLER_CLASS:
+                probe.align_distributed_weighted(sampler_class)
+
+        DataLoader.__init__ = init
+
+    def align_distributed_weighted(self, sampler_class) -> None:
+        """The converted script's own `__iter__` runs (its draw, its cut, its share), with
+        the probe's seed and the pass numbered by the order its epochs are first used, as
+        the original's canonical draw numbers its passes."""
+        native = sampler_class.__iter__
+        if getattr(native, "_ddpify_aligned", False):
+            return
+
+        def aligned_iter(self):
+            seen = self.__dict__.setdefault("_ddpify_epochs", [])
+            if self.epoch not in seen:
+                seen.append(self.epoch)
+            epoch, seed = self.epoch, self.seed
+            self.epoch, self.seed = seen.index(epoch), SEED
+            try:
+                return native(self)
+            finally:
+                self.epoch, self.seed = epoch + 1, seed
+
+        aligned_iter._ddpify_aligned = True  # type: ignore[attr-defined]
+        sampler_class.__iter__ = aligned_iter
+
+    def weighted_draw(self, sampler, replicas: int) -> list[int]:
+        """The canonical draw of a weighted sampler's pass (`_ddpify_epoch`), cut to a
+        multiple of `replicas` as the migration's distributed sampler cuts it."""
+        torch = self.torch
+        generator = torch.Generator()
+        generator.manual_seed(SEED + sampler._ddpify_epoch)
+        weights = torch.as_tensor(sampler.weights, dtype=torch.double)
+        drawn = torch.multinomial(
+            weights, sampler.num_samples, sampler.replacement, generator=generator
+        ).tolist()
+        return drawn[: len(drawn) // replicas * replicas]
 
     def mark_padding(self, chosen: list[int], rank: int, replicas: int, size: int):
         """Yield this rank's indices, counting those that pad the epoch: position
