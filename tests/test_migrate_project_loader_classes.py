@@ -143,3 +143,47 @@ def test_a_loader_built_outside_the_block_stays_whole(migrated_base):
         halves.append(set(_training_loader(migrated_base, dataset, shuffle=True).sampler))
     assert len(halves[0]) == len(halves[1]) == 6
     assert halves[0] | halves[1] == set(range(12))
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_no_sharding_without_a_model_to_wrap(tmp_path):
+    """An optimizer whose class the configuration chooses is not read as one: the only
+    one found is a demo's, no trained model is wrapped, and sharding the data alone would
+    train a model per rank. Refused, saying so."""
+    work = _copy(tmp_path)
+    _edit(
+        work / "base" / "base_trainer.py",
+        'torch.optim.SGD(self.model.parameters(), **config["optimizer"]["args"])',
+        'getattr(torch.optim, config["optimizer"]["type"])(self.model.parameters())',
+    )
+    with (work / "models.py").open("a") as models:  # a demo, as helper modules have
+        models.write(
+            '\n\nif __name__ == "__main__":\n    import torch\n\n'
+            "    net = TinySegNet(2)\n    sgd = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        )
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert not migration.migrated
+    reason = migration.entry.reason
+    assert "could be sharded in `BaseDataLoader`" in reason
+    assert "the only optimizer it finds, `torch.optim.SGD(net.parameters(), lr=0.1)`" in reason
+    assert 'the optimizer `getattr(torch.optim, config["optimizer"]["type"])' in reason
+    assert "chosen at run time from torch.optim" in reason
+
+
+def test_a_sampler_the_base_draws_with_that_ddpify_cannot_shard_is_refused(tmp_path):
+    work = _copy(tmp_path)
+    _edit(
+        work / "base" / "base_dataloader.py",
+        "return SubsetRandomSampler(indices[split_index:]), ",
+        "return WeightedRandomSampler(np.ones(len(indices)), len(indices)), ",
+    )
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert not migration.migrated
+    assert "draws with `WeightedRandomSampler(np.ones(len(indices)), len(indices))`" in (
+        migration.entry.reason
+    )

@@ -241,10 +241,17 @@ def chosen_loader_base(
     passed (`get_instance(dataloaders, "train_loader", config)`)."""
     if not modules:
         return None
+    return modules.get(module_chosen_from(tree, call) or "")
+
+
+def module_chosen_from(tree: Tree, call: cst.Call) -> str | None:
+    """The module (qualified: `dataloaders`, `torch.optim`) whose class `call` makes when
+    the class is chosen at run time: `getattr(module, name)(...)`, or a project helper
+    returning that form for a module it is passed (`get_instance(torch.optim, ...)`)."""
     view = tree.view
     module = _getattr_module(call.func)
     if module is not None:
-        return modules.get(view.qualify(module) or "")
+        return view.qualify(module)
     callee = dotted(call.func)
     helper = view.functions().get(callee.rsplit(".", 1)[-1]) if callee else None
     if helper is None:
@@ -252,7 +259,7 @@ def chosen_loader_base(
     position = _module_parameter(view, helper)
     if position is None or position >= len(call.args) or call.args[position].keyword:
         return None
-    return modules.get(view.qualify(call.args[position].value) or "")
+    return view.qualify(call.args[position].value)
 
 
 def _getattr_module(func: cst.BaseExpression) -> cst.BaseExpression | None:

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.loader_classes import ChosenTrainingLoader, chosen_training_loaders
+from ddpify.analysis.loader_classes import (
+    ChosenTrainingLoader,
+    chosen_training_loaders,
+    module_chosen_from,
+)
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted
-from ddpify.analysis.roles import calls_training
+from ddpify.analysis.roles import calls_training, project_optimizer_calls
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import NotMigrated, Plan, Shape
@@ -114,33 +118,56 @@ def shard_loader_classes(tree: Tree, plan: Plan, edits: Edits) -> bool:
 
 def _refuse_unwrapped_model(tree: Tree, plan: Plan, loader: ChosenTrainingLoader) -> None:
     """Sharding the data without a DDP wrap (the wrap pass ran before this one) would
-    have every rank train a model of its own on its own shard: refuse, naming what holds
-    the model instead (a DataParallel of the project's, under a condition)."""
+    have every rank train a model of its own on its own shard: refuse, naming why no
+    model was wrapped."""
     view = tree.view
     calls = view.find(cst.Call)
     if any(_wraps_for_training(view, c, plan) for c in calls):
         return
-    parallel = [c for c in calls if "DataParallel" in (dotted(c.func) or "")]
-    held = ""
-    if parallel:
-        held = f" (the model is held by `{view.code(parallel[0])}`, which it does not convert)"
     raise NotMigrated(
         Shape.UNKNOWN,
         f"the training loader (`{view.code(loader.site)}`) could be sharded in "
-        f"`{loader.base.name}`, but ddpify finds no model to wrap in "
-        f"DistributedDataParallel{held}, so every rank would train a model of its own; wrap "
-        "the model in DistributedDataParallel where it is built, then migrate again",
+        f"`{loader.base.name}`, but ddpify wraps no trained model in DistributedDataParallel"
+        f"{_why_no_model(tree, calls)}, so every rank would train a model of its own; build "
+        "the optimizer with a torch.optim class named in the code, or wrap the model in "
+        "DistributedDataParallel yourself, then migrate again",
     )
+
+
+def _why_no_model(tree: Tree, calls: list[cst.Call]) -> str:
+    """The optimizers ddpify cannot read (their class chosen at run time from torch.optim),
+    and the ones it found only in a module's `__main__` demo."""
+    view = tree.view
+    chosen = [c for c in calls if module_chosen_from(tree, c) == "torch.optim"]
+    demos = [c for c in project_optimizer_calls(tree) if _in_demo(view, c)]
+    why = ""
+    if chosen:
+        why = (
+            f": the optimizer `{view.code(chosen[0])}` has its class chosen at run time "
+            "from torch.optim, which ddpify does not read as an optimizer, so it cannot tell "
+            "which model trains"
+        )
+    if demos:
+        why += (
+            f"{',' if why else ':'} and the only optimizer it finds, `{view.code(demos[0])}`, "
+            "is in the `__main__` demo of an imported module"
+        )
+    return why
+
+
+def _in_demo(view, call: cst.Call) -> bool:
+    """Whether `call` lies under the `__main__` guard of a module other than the entry."""
+    owner = view.owner(call) if hasattr(view, "owner") else view
+    trees = getattr(view, "trees", [owner])
+    guard = owner.main_guard() if owner is not None else None
+    return owner is not trees[0] and guard is not None and owner.inside(call, guard)
 
 
 def _wraps_for_training(view, call: cst.Call, plan: Plan) -> bool:
     """A DDP wrap, but not one in the `__main__` demo of an imported module (never run)."""
     if dotted(call.func) != plan.ddp and view.qualify(call.func) != DDP:
         return False
-    owner = view.owner(call) if hasattr(view, "owner") else view
-    trees = getattr(view, "trees", [owner])
-    guard = owner.main_guard() if owner is not None else None
-    return owner is trees[0] or guard is None or not owner.inside(call, guard)
+    return not _in_demo(view, call)
 
 
 def _base_class(tree: Tree, name: str) -> cst.ClassDef | None:
