@@ -187,3 +187,14 @@ def test_a_sampler_the_base_draws_with_that_ddpify_cannot_shard_is_refused(tmp_p
     assert "draws with `WeightedRandomSampler(np.ones(len(indices)), len(indices))`" in (
         migration.entry.reason
     )
+
+
+def test_the_global_batch_policy_divides_the_training_batch_in_the_base(tmp_path):
+    from ddpify.migrate.analyze import Options
+
+    work = _copy(tmp_path)
+    options = Options(batch_policy="global")
+    migration = migrate_project(load_project(work / "train.py"), "train.py", options)
+    base = next(r for r in migration.results if r.filename.endswith("base_dataloader.py"))
+    assert '"batch_size": arguments.get("batch_size", 1) // get_world_size()' in base.output
+    assert migration.summary().lr_scaling == "none"

@@ -93,9 +93,15 @@ def ddpify_sharded(arguments):
         sampler = _DdpifySubsetShard(sampler.indices)
     elif not isinstance(sampler, {sampler}):
         raise TypeError(f"ddpify: cannot shard the training loader's sampler {{sampler!r}}")
-    _DDPIFY_SHARD["sampler"] = sampler
+    _DDPIFY_SHARD["sampler"] = sampler{per_process}
     return {{**arguments, "sampler": sampler, "shuffle": False}}
 '''
+# --batch-policy global: the configured batch is the global one, split across processes.
+PER_PROCESS = """
+    # ddpify: batch policy global: batch_size // WORLD_SIZE per process, LR unchanged
+    from torch.distributed import get_world_size
+
+    arguments = {**arguments, "batch_size": arguments.get("batch_size", 1) // get_world_size()}"""
 
 
 def shard_loader_classes(tree: Tree, plan: Plan, edits: Edits) -> bool:
@@ -203,7 +209,10 @@ def _shard_in_base(
     arguments = _as_keywords(tree, call)
     edits.replace(call, lambda updated: _through_sharded(updated, arguments))
     anchor = after_imports(tree)
-    helpers = snippets.statements(HELPERS.format(base=name, sampler=plan.sampler))
+    per_process = PER_PROCESS if plan.options.batch_policy == "global" else ""
+    helpers = snippets.statements(
+        HELPERS.format(base=name, sampler=plan.sampler, per_process=per_process)
+    )
     helpers[0] = helpers[0].with_changes(leading_lines=[cst.EmptyLine(), *helpers[0].leading_lines])
     if anchor is not None:
         edits.after[anchor].extend(helpers)
@@ -214,7 +223,12 @@ def _shard_in_base(
         NAME,
         f"`{name}` (the base of {', '.join(loader.base.members[:4])}) hands DataLoader a "
         "DistributedSampler for the training loader only (split-then-shard over its "
-        "SubsetRandomSampler split); its validation loaders stay whole on every rank",
+        "SubsetRandomSampler split); its validation loaders stay whole on every rank"
+        + (
+            "; the training loader takes batch_size // WORLD_SIZE per process"
+            if per_process
+            else ""
+        ),
         f"{SHARDED}(",
         "DDP020",
     )
