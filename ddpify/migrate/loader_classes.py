@@ -29,7 +29,7 @@ from ddpify.analysis.loader_classes import (
 )
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted
-from ddpify.analysis.roles import calls_training, project_optimizer_calls
+from ddpify.analysis.roles import calls_training, project_optimizer_calls, trained_owners
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import NotMigrated, Plan, Shape
@@ -135,30 +135,34 @@ def _refuse_unwrapped_model(tree: Tree, plan: Plan, loader: ChosenTrainingLoader
         f"the training loader (`{view.code(loader.site)}`) could be sharded in "
         f"`{loader.base.name}`, but ddpify wraps no trained model in DistributedDataParallel"
         f"{_why_no_model(tree, calls)}, so every rank would train a model of its own; build "
-        "the optimizer with a torch.optim class named in the code, or wrap the model in "
-        "DistributedDataParallel yourself, then migrate again",
+        "the optimizer over `model.parameters()` with a torch.optim class named in the "
+        "code, or wrap the model in DistributedDataParallel yourself, then migrate again",
     )
 
 
 def _why_no_model(tree: Tree, calls: list[cst.Call]) -> str:
-    """The optimizers ddpify cannot read (their class chosen at run time from torch.optim),
-    and the ones it found only in a module's `__main__` demo."""
+    """Why no model was wrapped: the optimizers ddpify cannot read (their class chosen at
+    run time from torch.optim), those whose model it cannot tell, and those it found only
+    in a module's `__main__` demo."""
     view = tree.view
+    optimizers = project_optimizer_calls(tree)
+    demos = [c for c in optimizers if _in_demo(view, c)]
+    unread = [c for c in optimizers if c not in demos and not trained_owners(view, c)]
+    reasons = []
     chosen = [c for c in calls if module_chosen_from(tree, c) == "torch.optim"]
-    demos = [c for c in project_optimizer_calls(tree) if _in_demo(view, c)]
-    why = ""
     if chosen:
-        why = (
-            f": the optimizer `{view.code(chosen[0])}` has its class chosen at run time "
-            "from torch.optim, which ddpify does not read as an optimizer, so it cannot tell "
-            "which model trains"
+        reasons.append(
+            f"the optimizer `{view.code(chosen[0])}` has its class chosen at run time from "
+            "torch.optim, which ddpify does not read as an optimizer"
         )
+    if unread:
+        reasons.append(f"ddpify cannot tell which model `{view.code(unread[0])}` trains")
     if demos:
-        why += (
-            f"{',' if why else ':'} and the only optimizer it finds, `{view.code(demos[0])}`, "
-            "is in the `__main__` demo of an imported module"
-        )
-    return why
+        demo = f"`{view.code(demos[0])}`"
+        if len(demos) == len(optimizers):
+            demo = f"the only optimizer it reads, {demo},"
+        reasons.append(f"{demo} is in the `__main__` demo of an imported module")
+    return (": " + "; ".join(reasons)) if reasons else ""
 
 
 def _in_demo(view, call: cst.Call) -> bool:
