@@ -170,7 +170,7 @@ def test_no_sharding_without_a_model_to_wrap(tmp_path):
     assert not migration.migrated
     reason = migration.entry.reason
     assert "could be sharded in `BaseDataLoader`" in reason
-    assert "the only optimizer it finds, `torch.optim.SGD(net.parameters(), lr=0.1)`" in reason
+    assert "the only optimizer it reads, `torch.optim.SGD(net.parameters(), lr=0.1)`" in reason
     assert 'the optimizer `getattr(torch.optim, config["optimizer"]["type"])' in reason
     assert "chosen at run time from torch.optim" in reason
 
