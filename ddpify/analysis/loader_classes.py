@@ -14,6 +14,7 @@ the project, those without torch too: a `dataloaders/__init__.py` only imports);
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,27 +64,61 @@ def module_names(project: Project) -> dict[str, Path]:
 
 def chosen_loader_modules(project: Project) -> dict[str, LoaderBase]:
     """The local modules whose every callable is a DataLoader class of one project base,
-    by dotted name. Empty unless some module calls `getattr` (the cheap common case)."""
-    if not any("getattr(" in module.text for module in project.modules.values()):
+    by dotted name: of those some call passes first (`getattr(dataloaders, ...)`,
+    `get_instance(dataloaders, ...)`). Only the modules the answer needs are parsed."""
+    texts = [module.text for module in project.modules.values()]
+    if not any("getattr(" in text for text in texts):
         return {}
-    modules = {
-        name: _Module(Tree(cst.parse_module(project.modules[path].text)), path.stem == "__init__")
-        for name, path in module_names(project).items()
-    }
+    modules = _LazyModules(project, module_names(project))
     resolver = _Resolver(modules)
     found = {}
-    for name in modules:
+    for name in modules.names:
+        if not _passed_first(name, texts):
+            continue
         base = resolver.loader_base_of_namespace(name)
         if base is not None:
             found[name] = base
     return found
 
 
+def _passed_first(name: str, texts: list[str]) -> bool:
+    """Whether some call takes `name` as its first argument (a cheap text search)."""
+    pattern = re.compile(r"\(\s*" + re.escape(name) + r"\s*,")
+    return any(pattern.search(text) for text in texts)
+
+
+class _LazyModules:
+    """The local modules by dotted name, each parsed on first use."""
+
+    def __init__(self, project: Project, names: dict[str, Path]) -> None:
+        self.project = project
+        self.names = names
+        self._parsed: dict[str, _Module] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def get(self, name: str) -> _Module | None:
+        if name not in self.names:
+            return None
+        if name not in self._parsed:
+            path = self.names[name]
+            tree = Tree(cst.parse_module(self.project.modules[path].text))
+            self._parsed[name] = _Module(tree, path.stem == "__init__")
+        return self._parsed[name]
+
+    def __getitem__(self, name: str) -> _Module:
+        module = self.get(name)
+        if module is None:
+            raise KeyError(name)
+        return module
+
+
 class _Resolver:
     """Names of local modules resolved like Python would: to a class of a local module,
     to a local module, or to nothing known (None)."""
 
-    def __init__(self, modules: dict[str, _Module]) -> None:
+    def __init__(self, modules: _LazyModules) -> None:
         self.modules = modules
 
     def loader_base_of_namespace(self, name: str) -> LoaderBase | None:
