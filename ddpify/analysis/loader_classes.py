@@ -22,7 +22,7 @@ import libcst as cst
 
 from ddpify.analysis.names import dotted
 from ddpify.analysis.project import Project
-from ddpify.analysis.roles import iterated_source, train_loaders
+from ddpify.analysis.roles import iterated_source, train_loaders, view_cached
 from ddpify.analysis.tree import Tree
 
 DATA_LOADER = "torch.utils.data.DataLoader"
@@ -332,12 +332,17 @@ def chosen_training_loaders(
     tree: Tree, modules: dict[str, LoaderBase]
 ) -> list[ChosenTrainingLoader]:
     """The training loops of the project (in any module) that iterate a loader of a
-    configuration-chosen class of `modules`, each with the call that made it."""
+    configuration-chosen class of `modules`, each with the call that made it (computed
+    once per project view: every pass asks it for every module)."""
     if not modules:
         return []
-    view = tree.view
+    key = ("chosen_training_loaders", id(modules))
+    return view_cached(tree.view, key, lambda: _chosen_training_loaders(tree, modules))
+
+
+def _chosen_training_loaders(tree: Tree, modules: dict[str, LoaderBase]) -> list:
     found = []
-    for owner in getattr(view, "trees", [tree]):
+    for owner in getattr(tree.view, "trees", [tree]):
         for loop in train_loaders(owner)[1]:
             if not isinstance(loop, cst.For):
                 continue
@@ -347,7 +352,3 @@ def chosen_training_loaders(
             if base is not None:
                 found.append(ChosenTrainingLoader(loop, made_by, base))  # type: ignore[arg-type]
     return found
-
-
-def is_chosen_training_loop(tree: Tree, loop: cst.CSTNode, modules: dict[str, LoaderBase]) -> bool:
-    return any(chosen.loop is loop for chosen in chosen_training_loaders(tree, modules))
