@@ -7,9 +7,11 @@ module `module` binds is a class deriving (through the project) from one DataLoa
 subclass of the project, whatever the configuration names is a DataLoader of that base
 class: its `__init__` is where the sampler is handed to DataLoader, for every candidate.
 
-`chosen_loader_modules(project)` answers that per local module (it reads every module of
-the project, those without torch too: a `dataloaders/__init__.py` only imports); then
-`chosen_loader_base(tree, call, modules)` says whether a call makes such a loader.
+`chosen_loader_modules(project)` answers that per local module (reading modules without
+torch too: a `dataloaders/__init__.py` only imports); then `chosen_loader_base(tree, call,
+modules)` says whether a call makes such a loader, and `chosen_training_loaders` which
+training loops iterate one. Anything else a module binds (a function, a variable, a class
+from outside the project, a star import) could be what the configuration names: no answer.
 """
 
 from __future__ import annotations
