@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ddpify.analysis.batches import carried_state, model_calls
+from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles from here too
@@ -87,6 +88,10 @@ class Options:
     lr_scaling: str | None = None  # linear | sqrt | none; None: by optimizer
     amp: str = "auto"  # auto | bf16 | fp16 | off
     sync_bn: bool = True
+    # Local modules whose every class is a DataLoader of one project base (analysis/
+    # loader_classes.py): a loader `getattr(module, config[...])(...)` makes is sharded in
+    # that base. Filled by migrate/project.py, which reads every module of the project.
+    loader_modules: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -206,8 +211,12 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
         _refuse_nested_torch_import(entry)
         _refuse_launcher_elsewhere(trees)
         loaders, _ = train_loaders(entry)
-        unresolved = [loop for tree in trees for loop in train_loaders(tree)[1]]
-        _refuse_unshardable(entry, loaders, unresolved)
+        chosen = {id(c.loop) for c in chosen_training_loaders(entry, options.loader_modules)}
+        unresolved = [
+            loop for tree in trees for loop in train_loaders(tree)[1] if id(loop) not in chosen
+        ]
+        if not chosen or unresolved or loaders:  # else: sharded in the loaders' base class
+            _refuse_unshardable(entry, loaders, unresolved)
     if shape is Shape.SPAWN:
         holder = next(index for index, tree in enumerate(trees) if tree.calls_to(*SPAWN))
         _spawn_worker(trees[holder], plans[holder])

@@ -15,6 +15,7 @@ from ddpify.analysis.batch_coupling import batch_comparisons
 from ddpify.analysis.endless import PassRestart, pass_restarts
 from ddpify.analysis.epochs import epoch_loops
 from ddpify.analysis.fetchers import fetcher_restarts
+from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
@@ -44,6 +45,7 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.loader_classes import shard_loader_classes
 from ddpify.migrate.replicate import project_replicates, replicate
 from ddpify.migrate.streams import shard_streams, stream_of, unsharded_stream_note
 from ddpify.migrate.weighted import converted_sampler, shard_weighted, weighted_loader
@@ -87,9 +89,12 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if id(loader.call) not in streams:
             _shard(tree, plan, edits, loader)
     if plan.shape.converts:
+        # A loader whose class the configuration chooses: sharded in the project's base.
+        shard_loader_classes(tree, plan, edits)
+    if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
         _note_sharded_evaluation(tree, plan, loaders)
-        hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
+        hand_made = _shard_hand_made(tree, plan, edits) or _project_hand_made(tree, plan)
         # A step replicated on every rank keeps the original's global batch too.
         hand_made = replicate(tree, plan, edits) or project_replicates(tree) or hand_made
         if hand_made and not loaders:
@@ -360,10 +365,31 @@ def _block(name: str, rank: str) -> str:
     return f"{name}[{rank} * len({name}) // WORLD_SIZE : ({rank} + 1) * len({name}) // WORLD_SIZE]"
 
 
+def _hand_made_here(tree: Tree, plan: Plan) -> list:
+    """This module's hand-made batches, but for those of loops over a loader whose class
+    the configuration chooses (`data, target = data.to(device)`): that loader is sharded
+    in its base class (migrate/loader_classes.py), so its batches are each rank's already."""
+    chosen = chosen_training_loaders(tree, plan.options.loader_modules)
+    return [
+        batch
+        for batch in hand_made_batches(tree)
+        if not any(tree.view.inside(batch.statement, c.loop) for c in chosen)
+    ]
+
+
+def _project_hand_made(tree: Tree, plan: Plan) -> bool:
+    """`project_has_hand_made_batches`, without the batches of loops over a loader whose
+    class the configuration chooses (see `_hand_made_here`)."""
+    if not plan.options.loader_modules:
+        return project_has_hand_made_batches(tree)
+    trees = getattr(tree.view, "trees", [tree])
+    return any(_hand_made_here(t, plan) or stream_batches(t) for t in trees)
+
+
 def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
     """Split each hand-made batch by rank right where it enters the step, so the ranks
     together train on exactly the original's batch (same global batch, same LR)."""
-    batches = hand_made_batches(tree)
+    batches = _hand_made_here(tree, plan)
     for batch in batches:
         # Contiguous blocks, not `x[RANK::WORLD_SIZE]`: a strided slice is not contiguous,
         # and scripts call `.view()` on their batches.

@@ -7,12 +7,13 @@ report lists the changes per file; the files are written all together or not at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
 import libcst as cst
 
+from ddpify.analysis.loader_classes import chosen_loader_modules
 from ddpify.analysis.project import Project
 from ddpify.analysis.tree import Tree
 from ddpify.engine import mentions_torch
@@ -98,6 +99,9 @@ def migrate_project(
         name = entry_name if path == entry_path else _shown(path, entry_path, entry_name)
         names[name] = path
         sources[name] = module.source
+    loader_modules = chosen_loader_modules(project)
+    if loader_modules:
+        options = replace(options or Options(), loader_modules=loader_modules)
     results = migrate_sources({name: s.text for name, s in sources.items()}, options)
     _name_computed_imports(project, results)
     return ProjectMigration(project, results, sources)
