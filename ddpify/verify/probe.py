@@ -18,6 +18,9 @@ What it does to the run (the same in both runs unless said otherwise):
   random, numpy) seeded from its index and the pass over its loader, and restored after it,
   so random augmentation is the same whichever process fetches the sample (patch_map_fetcher);
   `np.random.default_rng()` without a seed gets the same seed in both runs;
+- a stream (IterableDataset) the conversion shards round-robin is read whole by every rank, so
+  each pass over it draws from generators of its own, seeded from the loader and the pass, the
+  same in both runs (next_from_stream); the single process reads it as it is;
 - in the converted run, a hand-made batch split by rank as migrate writes it is recognised
   (watch_block_splits): draws shaped by the per-process batch keep this rank's block;
 - samples the DistributedSampler repeats to pad an epoch are counted per step;
