@@ -337,3 +337,23 @@ def test_a_trained_part_under_conditions_is_wrapped_on_every_path(tmp_path):
         "\n    model.encoder = DDP(model.encoder, device_ids="
     )
     assert "'model': model.state_dict()," in _result(migration, "util.py").output
+
+
+def test_a_model_module_picked_by_an_option_default_is_followed_and_named(tmp_path, capsys):
+    """`importlib.import_module("models." + name + "_model")` with `--model` defaulting
+    to `denoise`: models/denoise_model.py is migrated, and the report says which module
+    was followed, why, and which other candidates a different `--model` would run."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "model_registry" / "before", work)
+    os.chdir(work)
+    assert ddpify_main(["migrate", "train.py", "--diff"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "models/denoise_model.py: imported by train.py" in out
+    assert (
+        "followed `modellib = importlib.import_module(model_filename)` (models/__init__.py:11) "
+        "to models/denoise_model.py: `models.denoise_model`, from the default of `--model` "
+        "('denoise'); a run that picks another module (models/base_model.py) runs code ddpify "
+        "did not migrate"
+    ) in out
+    assert "no training step" not in out

@@ -629,14 +629,38 @@ def returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) 
     if not any(r is _small(statement) or dotted(r.value) in named for r in returns):
         return set()
     trained = trained_model_names(tree)
-    name = func.name.value
+    names = returning_builders(tree.view, func.name.value)
     kept = set()
     for call in tree.view.find(cst.Call):
-        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] in names:
             target = bound_target(tree, call)
             if target in trained and _holds_trained(tree, call, target):
                 kept.add(target)
     return kept
+
+
+# How many builders a net passes through on its way out (`define_G` returns
+# `init_net(net, ...)`, which returns the net it wrapped).
+MAX_BUILDER_HOPS = 3
+
+
+def returning_builders(view, name: str) -> set[str]:
+    """`name` and the project's functions that return what a call of it returns
+    (`def define_G(...): ... return init_net(net, gpu_ids)`), up to MAX_BUILDER_HOPS
+    deep: a caller of any of them keeps what `name` built."""
+    found = {name}
+    for _ in range(MAX_BUILDER_HOPS):
+        more = {
+            function.name.value
+            for function in view.find(cst.FunctionDef)
+            for returned in view.within(function, cst.Return)
+            if isinstance(returned.value, cst.Call)
+            and (dotted(returned.value.func) or "").rsplit(".", 1)[-1] in found
+        } - found
+        if not more:
+            break
+        found |= more
+    return found
 
 
 def _small(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:

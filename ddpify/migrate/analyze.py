@@ -8,6 +8,7 @@ every pass and every rule agree on it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -214,17 +215,20 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
     return plans
 
 
-def computed_imports(trees: list[Tree]) -> str:
+def computed_imports(trees: list[Tree], followed: Collection[str] = ()) -> str:
     """Where the project imports a module by a name computed at run time (a model chosen
     by an option: `importlib.import_module("models." + name + "_model")`): the step is
     probably in such a module, which ddpify does not follow (it never runs user code, and
-    guessing which candidate the options select could migrate the wrong one)."""
+    guessing which candidate the options select could migrate the wrong one). Those the
+    project followed to its modules (their first lines in `followed`) are not named."""
     lines = []
     for tree in trees:
         for call in tree.calls_to("importlib.import_module", "builtins.__import__"):
             first = call.args[0].value if call.args else None
+            written = _first_line(tree.code(tree.statement(call)))
             if first is not None and not isinstance(first, cst.SimpleString):
-                lines.append(f"`{_first_line(tree.code(tree.statement(call)))}`")
+                if (written or "").strip() not in followed:
+                    lines.append(f"`{written}`")
     if not lines:
         return ""
     return (

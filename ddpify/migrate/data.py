@@ -271,6 +271,8 @@ def _dataset_name(tree: Tree, loader: Loader) -> str:
     bound = bound_target(tree, loader.call)
     target = bound or next(iter(sorted(loader.names)), "train")
     prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
+    if prefix.rstrip("_").endswith(("dataset", "data")):
+        prefix = "train_"  # a loader kept as `dataset` (`dataset = create_dataset(opt)`)
     name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
     if bound is not None:
         return f"{target.rsplit('.', 1)[0]}.{name}" if "." in target else name

@@ -10,7 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
-from ddpify.analysis.names import find_arg, method_name
+from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan
@@ -41,9 +41,34 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if index is not None and _is_zero(index.value):
             edits.replace(index.value, cst.Name("LOCAL_RANK"))
             plan.change(NAME, 'torch.device("cuda", 0) -> LOCAL_RANK', "LOCAL_RANK", "DDP010")
+    for first in tree.find(cst.Subscript, lambda node: _first_of_list(node)):
+        if _device_use(tree, first) or _formatted_into_cuda(tree, first):
+            shown = tree.code(first)
+            edits.replace(first, cst.Name("LOCAL_RANK"))
+            plan.change(NAME, f"{shown} as a GPU index -> LOCAL_RANK", "LOCAL_RANK", "DDP010")
     if plan.spawn_function:
         _spawn_rank_as_device(tree, plan, edits)
     return edits
+
+
+def _first_of_list(node: cst.Subscript) -> bool:
+    """`gpu_ids[0]`, `self.opt.gpu_ids[0]`: the first GPU of a list of them, when it is used
+    where a device goes (each process has its own GPU under torchrun: LOCAL_RANK)."""
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return False
+    return _is_zero(node.slice[0].slice.value) and dotted(node.value) is not None
+
+
+def _formatted_into_cuda(tree: Tree, node: cst.CSTNode) -> bool:
+    """`"cuda:{}".format(gpu_ids[0])`."""
+    arg = tree.parent.get(node)
+    call = tree.parent.get(arg) if isinstance(arg, cst.Arg) else None
+    if not isinstance(call, cst.Call) or method_name(call) != "format":
+        return False
+    template = call.func.value if isinstance(call.func, cst.Attribute) else None
+    return isinstance(template, cst.SimpleString) and str(template.evaluated_value).startswith(
+        "cuda:"
+    )
 
 
 def _is_zero(expr: cst.BaseExpression) -> bool:
