@@ -32,6 +32,8 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     dataloader_subclasses,
     hand_made_batches,
     iterated_source,
+    lazily_built_models,
+    loader_holding_classes,
     local_rank_arguments,
     model_names,
     optimizer_calls,
@@ -206,6 +208,7 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
     if shape.converts:
         _refuse_nested_torch_import(entry)
         _refuse_launcher_elsewhere(trees)
+        _refuse_lazily_built(entry)
         loaders, _ = train_loaders(entry)
         unresolved = [loop for tree in trees for loop in train_loaders(tree)[1]]
         _refuse_unshardable(entry, loaders, unresolved)
@@ -236,6 +239,30 @@ def computed_imports(trees: list[Tree], followed: Collection[str] = ()) -> str:
         "run time, which ddpify does not follow: import the module that trains explicitly "
         "(e.g. `from models.my_model import MyModel` in the entry script) and migrate again, "
         "or convert it by hand"
+    )
+
+
+def _refuse_lazily_built(tree: Tree) -> None:
+    """A model whose optimizer is made after a forward, in a method of its own (a
+    data-dependent initialisation): its layers may only exist after that forward, and
+    ddpify wraps a model where it is built, before them; DDP made then would leave the
+    late layers out of its gradient averaging (or fail on a model with no parameters)."""
+    lazy = lazily_built_models(tree)
+    if not lazy:
+        return
+    first = lazy[0]
+    view = tree.view
+    optimizer = _first_line(view.code(view.statement(first.optimizer)))
+    forward = view.code(first.forward)
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"`{first.model}` gets its optimizer in `{first.method}` after a forward "
+        f"(`{forward}`), which may build its layers, and ddpify wraps a model where it is "
+        f"built, before they exist: wrap it in DDP by hand in `{first.method}`, after the "
+        f"forward and just before `{optimizer}` "
+        f"(`{first.model} = DDP({first.model}, device_ids=[LOCAL_RANK] if "
+        "torch.cuda.is_available() else None)`), and keep the code that builds it from "
+        "wrapping it in DataParallel",
     )
 
 
@@ -459,6 +486,14 @@ def _refuse_unknown_iterable(tree: Tree, loop: cst.For, line: str) -> None:
 def _where_to_shard(tree: Tree) -> str:
     """The project's DataLoader subclasses, when it has some: their constructors hand a
     sampler to DataLoader, which is where a DistributedSampler goes."""
+    holders = loader_holding_classes(tree)
+    if holders:
+        name, call = holders[0]
+        built = _first_line(tree.view.code(tree.view.statement(call)))
+        return (
+            f"the DataLoader that `{name}` builds (`{built}`), whose batches its `__iter__` "
+            "hands out (ddpify does not follow a loop through such a class yet)"
+        )
     subclasses = dataloader_subclasses(tree)
     if not subclasses:
         return "the code that builds the loader"
