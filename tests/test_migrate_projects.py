@@ -490,3 +490,41 @@ def test_a_loop_over_a_class_that_hands_out_its_dataloaders_batches_names_that_l
         "a DistributedSampler in the DataLoader that `LoaderWrapper` builds "
         "(`self.dataloader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)`)"
     ) in migration.entry.reason
+
+
+def test_the_first_of_a_list_is_this_process_gpu_only_when_the_list_holds_gpu_ids(tmp_path):
+    """`net.to(gpu_ids[0])` with `DataParallel(net, gpu_ids)`: every rank would sit on the
+    first GPU, so it becomes LOCAL_RANK; `x.to(devices[0])` of a list never handed to
+    DataParallel may name the CPU and stays."""
+    (tmp_path / "nets.py").write_text(
+        "import torch\n\n\n"
+        "def init_net(net, gpu_ids=[]):\n"
+        "    if len(gpu_ids) > 0:\n"
+        "        net.to(gpu_ids[0])\n"
+        "        net = torch.nn.DataParallel(net, gpu_ids)\n"
+        "    return net\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom nets import init_net\n\n"
+        "devices = ['cpu']\n"
+        "gpu_ids = [0] if torch.cuda.is_available() else []\n"
+        "model = init_net(torch.nn.Linear(4, 1), gpu_ids)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)\n"
+        "for epoch in range(2):\n"
+        "    for x, y in loader:\n"
+        "        x, y = x.to(devices[0]), y.to(devices[0])\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        "        opt.zero_grad()\n"
+        "        loss.backward()\n"
+        "        opt.step()\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    outputs = {result.filename: result.output for result in migration.results}
+    assert "net.to(LOCAL_RANK)" in outputs["nets.py"]
+    assert "torch.nn.DataParallel" not in outputs["nets.py"]
+    assert "x.to(devices[0]), y.to(devices[0])" in outputs["train.py"]

@@ -11,6 +11,7 @@ import libcst as cst
 
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import DATA_PARALLEL
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan
@@ -42,7 +43,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
             edits.replace(index.value, cst.Name("LOCAL_RANK"))
             plan.change(NAME, 'torch.device("cuda", 0) -> LOCAL_RANK', "LOCAL_RANK", "DDP010")
     for first in tree.find(cst.Subscript, lambda node: _first_of_list(node)):
-        if _device_use(tree, first) or _formatted_into_cuda(tree, first):
+        if _formatted_into_cuda(tree, first) or _first_gpu_of_ids(tree, first):
             shown = tree.code(first)
             edits.replace(first, cst.Name("LOCAL_RANK"))
             plan.change(NAME, f"{shown} as a GPU index -> LOCAL_RANK", "LOCAL_RANK", "DDP010")
@@ -57,6 +58,28 @@ def _first_of_list(node: cst.Subscript) -> bool:
     if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
         return False
     return _is_zero(node.slice[0].slice.value) and dotted(node.value) is not None
+
+
+def _first_gpu_of_ids(tree: Tree, first: cst.Subscript) -> bool:
+    """`net.to(gpu_ids[0])`, `net.cuda(gpu_ids[0])`: a device use of the first of a list
+    that the project hands DataParallel as its device_ids (`DataParallel(net, gpu_ids)`),
+    so a list of GPU indices, not of devices that may be the CPU."""
+    if not _device_use(tree, first):
+        return False
+    listed = (dotted(first.value) or "").rsplit(".", 1)[-1]
+    return listed in _device_id_lists(tree)
+
+
+def _device_id_lists(tree: Tree) -> set[str]:
+    """The names (last part: `gpu_ids` of `self.opt.gpu_ids`) the project passes
+    DataParallel as device_ids."""
+    found = set()
+    for call in tree.view.calls_to(DATA_PARALLEL):
+        ids = find_arg(call, "device_ids", 1)
+        name = dotted(ids.value) if ids is not None else None
+        if name:
+            found.add(name.rsplit(".", 1)[-1])
+    return found
 
 
 def _formatted_into_cuda(tree: Tree, node: cst.CSTNode) -> bool:
