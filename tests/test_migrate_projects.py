@@ -495,14 +495,19 @@ def test_a_loop_over_a_class_that_hands_out_its_dataloaders_batches_names_that_l
 def test_the_first_of_a_list_is_this_process_gpu_only_when_the_list_holds_gpu_ids(tmp_path):
     """`net.to(gpu_ids[0])` with `DataParallel(net, gpu_ids)`: every rank would sit on the
     first GPU, so it becomes LOCAL_RANK; `x.to(devices[0])` of a list never handed to
-    DataParallel may name the CPU and stays."""
+    DataParallel may name the CPU and stays, as does the first device of a DataParallel
+    that no optimizer trains (it stays DataParallel)."""
     (tmp_path / "nets.py").write_text(
         "import torch\n\n\n"
         "def init_net(net, gpu_ids=[]):\n"
         "    if len(gpu_ids) > 0:\n"
         "        net.to(gpu_ids[0])\n"
         "        net = torch.nn.DataParallel(net, gpu_ids)\n"
-        "    return net\n",
+        "    return net\n\n\n"
+        "def feature_net(device_ids):\n"
+        "    # an evaluation network: its DataParallel stays, on its first device\n"
+        "    net = torch.nn.Linear(4, 4).to(device_ids[0])\n"
+        "    return torch.nn.DataParallel(net, device_ids=device_ids)\n",
         encoding="utf-8",
     )
     (tmp_path / "train.py").write_text(
@@ -526,5 +531,6 @@ def test_the_first_of_a_list_is_this_process_gpu_only_when_the_list_holds_gpu_id
     assert migration.migrated, migration.entry.reason
     outputs = {result.filename: result.output for result in migration.results}
     assert "net.to(LOCAL_RANK)" in outputs["nets.py"]
-    assert "torch.nn.DataParallel" not in outputs["nets.py"]
+    assert "net = torch.nn.DataParallel(net, gpu_ids)" not in outputs["nets.py"]
     assert "x.to(devices[0]), y.to(devices[0])" in outputs["train.py"]
+    assert "torch.nn.Linear(4, 4).to(device_ids[0])" in outputs["nets.py"]

@@ -11,7 +11,7 @@ import libcst as cst
 
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.roles import DATA_PARALLEL
+from ddpify.analysis.roles import DATA_PARALLEL, data_parallel_of_trained
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan
@@ -71,10 +71,15 @@ def _first_gpu_of_ids(tree: Tree, first: cst.Subscript) -> bool:
 
 
 def _device_id_lists(tree: Tree) -> set[str]:
-    """The names (last part: `gpu_ids` of `self.opt.gpu_ids`) the project passes
-    DataParallel as device_ids."""
+    """The names (last part: `gpu_ids` of `self.opt.gpu_ids`) the project passes as
+    device_ids to a DataParallel of a trained model, which becomes DDP (a DataParallel of
+    an evaluation network stays, and its module must stay on its first device)."""
     found = set()
-    for call in tree.view.calls_to(DATA_PARALLEL):
+    view = tree.view
+    for call in view.calls_to(DATA_PARALLEL):
+        owner = view.owner(call) if view is not tree else tree
+        if owner is None or not data_parallel_of_trained(owner, call, False):
+            continue
         ids = find_arg(call, "device_ids", 1)
         name = dotted(ids.value) if ids is not None else None
         if name:
