@@ -59,12 +59,17 @@ Texts = Callable[[], Iterable[tuple[Path, str]]]
 
 
 def computed_imports(
-    importer: Path, text: str, modules: dict[str, Path], texts: Texts
+    importer: Path,
+    text: str,
+    modules: dict[str, Path],
+    texts: Texts,
+    parsed: dict[Path, ast.Module | None] | None = None,
 ) -> list[ComputedImport]:
     """The `import_module(<computed name>)` calls of `importer` (whose source is `text`),
     each with the local modules (`modules`: dotted name -> file) its name may be.
 
-    `texts` gives the project's sources, read only when a hole's value is looked up."""
+    `texts` gives the project's sources, read only when a hole's value is looked up, and
+    parsed into `parsed` (pass one dict for all the modules of a project)."""
     if "import_module" not in text and "__import__" not in text:
         return []
     try:
@@ -72,7 +77,7 @@ def computed_imports(
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     lines = text.splitlines()
-    lookup = _Lookup(importer, tree, texts)
+    lookup = _Lookup(importer, tree, texts, {} if parsed is None else parsed)
     found = []
     for call, function in _import_calls(tree):
         parts = _name_parts(call.args[0], function)
@@ -287,23 +292,30 @@ class _Lookup:
     """Reads a hole's value from the code: a literal, an option's default, a parameter
     every caller passes the same such value. The project's texts are read on first need."""
 
-    def __init__(self, path: Path, tree: ast.Module, texts: Texts) -> None:
+    def __init__(
+        self, path: Path, tree: ast.Module, texts: Texts, parsed: dict[Path, ast.Module | None]
+    ) -> None:
         self.path = path
         self.tree = tree
         self._texts = texts
-        self._trees: list[tuple[Path, ast.Module]] | None = None
+        self._parsed = parsed  # shared by the importers of one project
 
-    def trees(self) -> list[tuple[Path, ast.Module]]:
-        if self._trees is None:
-            self._trees = [(self.path, self.tree)]
-            for path, text in self._texts():
-                if path == self.path:
-                    continue
+    def trees(self, *words: str) -> list[tuple[Path, ast.Module]]:
+        """This module and the project's modules whose text holds one of `words` (only
+        those are parsed, once per project)."""
+        found = [(self.path, self.tree)]
+        for path, text in self._texts():
+            if path == self.path or not any(word in text for word in words):
+                continue
+            if path not in self._parsed:
                 try:
-                    self._trees.append((path, ast.parse(text, str(path))))
+                    self._parsed[path] = ast.parse(text, str(path))
                 except (SyntaxError, ValueError, RecursionError, MemoryError):
-                    continue
-        return self._trees
+                    self._parsed[path] = None
+            tree = self._parsed[path]
+            if tree is not None:
+                found.append((path, tree))
+        return found
 
     def value(self, hole: Hole, hops: int = MAX_HOPS) -> tuple[str, str] | None:
         """(value, where it comes from), or None when it cannot be known."""
@@ -320,7 +332,7 @@ class _Lookup:
         """The string default of the one argparse option whose dest is `name`, unless a
         `set_defaults(name=...)` somewhere may change it."""
         defaults = set()
-        for _, tree in self.trees():
+        for _, tree in self.trees("add_argument", "set_defaults"):
             for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
                 attr = call.func.attr if isinstance(call.func, ast.Attribute) else None
                 if attr == "add_argument" and _dest(call) == name:
@@ -361,7 +373,7 @@ class _Lookup:
         module, or as `<module>.name(...)` / after `from <module> import name` elsewhere
         (a function of the same name in another module is not this one)."""
         module = defined_in.parent.name if defined_in.name == "__init__.py" else defined_in.stem
-        for path, tree in self.trees():
+        for path, tree in self.trees(name):
             imported = path == defined_in or _imports_name(tree, module, name)
             for caller in [None, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))]:
                 body = tree.body if caller is None else caller.body

@@ -133,6 +133,7 @@ class _ComputedImports:
         self.entries = entries
         self.boundary = boundary
         self._names: dict[str, Path] | None = None
+        self._parsed: dict[Path, ast.Module | None] = {}  # shared by every lookup
 
     def names(self) -> dict[str, Path]:
         if self._names is None:
@@ -156,7 +157,7 @@ class _ComputedImports:
         """The modules to follow from `path`'s computed imports (each call recorded)."""
         if "import_module" not in text and "__import__" not in text:
             return
-        for found in computed_imports(path, text, self.names(), self.texts):
+        for found in computed_imports(path, text, self.names(), self.texts, self._parsed):
             record.append(found)
             for chosen in found.chosen:
                 yield chosen, found.written
