@@ -1376,33 +1376,47 @@ def lazily_built_models(tree: Tree) -> list[LazilyBuilt]:
 
 
 def _builds_layers_late(view) -> bool:
-    """Whether a class of the project builds `torch.nn` layers into itself in a method
-    other than `__init__` (`self.proj = nn.Linear(...)`, `setattr(self, name, mlp)`
-    after `mlp = nn.Sequential(...)`): layers that exist only once that method ran."""
+    """Whether a class of the project stores a `torch.nn` layer on itself in a method
+    other than `__init__` (`self.proj = nn.Linear(...)`, `setattr(self, name, mlp)` after
+    `mlp = nn.Sequential(...)`): a layer that exists only once that method ran."""
     for cls in view.find(cst.ClassDef):
         for method in view.within(cls, cst.FunctionDef):
-            if method.name.value == "__init__":
-                continue
-            makes_layers = any(
-                (view.qualify(call.func) or "").rsplit(".", 1)[0] == "torch.nn"
-                and (view.qualify(call.func) or "").rsplit(".", 1)[-1][:1].isupper()
-                for call in view.within(method, cst.Call)
-            )
-            if makes_layers and _stores_on_self(view, method):
+            if method.name.value != "__init__" and _stores_layer_on_self(view, method):
                 return True
     return False
 
 
-def _stores_on_self(view, method: cst.FunctionDef) -> bool:
-    assigns = any(
-        (dotted(target.target) or "").startswith("self.")
+def _stores_layer_on_self(view, method: cst.FunctionDef) -> bool:
+    layers = {
+        dotted(target.target)
         for assign in view.within(method, cst.Assign)
+        if _makes_layer(view, assign.value)
         for target in assign.targets
-    )
-    return assigns or any(
-        dotted(call.func) == "setattr" and call.args and dotted(call.args[0].value) == "self"
+    }
+    if any((name or "").startswith("self.") for name in layers):
+        return True
+    return any(
+        dotted(call.func) == "setattr"
+        and len(call.args) == 3
+        and dotted(call.args[0].value) == "self"
+        and (dotted(call.args[2].value) in layers or _makes_layer(view, call.args[2].value))
         for call in view.within(method, cst.Call)
     )
+
+
+def _makes_layer(view, value: cst.BaseExpression) -> bool:
+    """`nn.Linear(...)`, also moved: `nn.Linear(...).to(x.device)`."""
+    while (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and isinstance(value.func.value, cst.Call)
+    ):
+        value = value.func.value
+    if not isinstance(value, cst.Call):
+        return False
+    qualified = view.qualify(value.func) or ""
+    module, _, name = qualified.rpartition(".")
+    return module == "torch.nn" and name[:1].isupper()
 
 
 def _before(view, node: cst.CSTNode, other: cst.CSTNode) -> bool:
