@@ -630,14 +630,38 @@ def returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) 
     if not any(r is _small(statement) or dotted(r.value) in named for r in returns):
         return set()
     trained = trained_model_names(tree)
-    name = func.name.value
+    names = returning_builders(tree.view, func.name.value)
     kept = set()
     for call in tree.view.find(cst.Call):
-        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] in names:
             target = bound_target(tree, call)
             if target in trained and _holds_trained(tree, call, target):
                 kept.add(target)
     return kept
+
+
+# How many builders a net passes through on its way out (`define_G` returns
+# `init_net(net, ...)`, which returns the net it wrapped).
+MAX_BUILDER_HOPS = 3
+
+
+def returning_builders(view, name: str) -> set[str]:
+    """`name` and the project's functions that return what a call of it returns
+    (`def define_G(...): ... return init_net(net, gpu_ids)`), up to MAX_BUILDER_HOPS
+    deep: a caller of any of them keeps what `name` built."""
+    found = {name}
+    for _ in range(MAX_BUILDER_HOPS):
+        more = {
+            function.name.value
+            for function in view.find(cst.FunctionDef)
+            for returned in view.within(function, cst.Return)
+            if isinstance(returned.value, cst.Call)
+            and (dotted(returned.value.func) or "").rsplit(".", 1)[-1] in found
+        } - found
+        if not more:
+            break
+        found |= more
+    return found
 
 
 def _small(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
@@ -1352,3 +1376,146 @@ def dataloader_subclasses(tree: Tree) -> dict[str, list[str]]:
             if root != cls.name.value:
                 found[root].append(cls.name.value)
     return found
+
+
+def loader_holding_classes(tree: Tree) -> list[tuple[str, cst.Call]]:
+    """The project's classes that build a DataLoader into an attribute of their own
+    (`self.dataloader = DataLoader(...)`) and hand out its batches from `__iter__`
+    (`for data in self.dataloader: yield data`): (class name, the DataLoader call). An
+    instance of such a class is the loader a training loop iterates."""
+    view = tree.view
+    found = []
+    for cls in view.find(cst.ClassDef):
+        loaders = {
+            target: call
+            for call in view.within(cls, cst.Call)
+            if view.qualify(call.func) == DATA_LOADER
+            and (target := bound_target(view.owner(call) or tree, call)) is not None
+            and target.startswith("self.")
+        }
+        iterates = _iterated_attributes(view, cls)
+        found += [(cls.name.value, call) for name, call in loaders.items() if name in iterates]
+    return found
+
+
+def _iterated_attributes(view, cls: cst.ClassDef) -> set[str]:
+    """The `self.` attributes `cls.__iter__` loops over, yields from or hands to `iter()`."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    method = next(
+        (s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == "__iter__"), None
+    )
+    if method is None:
+        return set()
+    names = set()
+    for loop in view.within(method, cst.For):
+        iterated = loop.iter
+        if isinstance(iterated, cst.Call) and iterated.args:  # enumerate(self.loader), tqdm(...)
+            iterated = iterated.args[0].value
+        names.add(dotted(iterated))
+    for node in view.within(method, cst.Yield):
+        if isinstance(node.value, cst.From):
+            names.add(dotted(node.value.item))
+    for call in view.within(method, cst.Call):
+        if dotted(call.func) == "iter" and call.args:
+            names.add(dotted(call.args[0].value))
+    return {name for name in names if name and name.startswith("self.")}
+
+
+@dataclass
+class LazilyBuilt:
+    """A model whose optimizer is made only after a forward pass, in a method other than
+    the one that builds it: the forward may create its layers (a data-dependent
+    initialisation, `netF` of a patch-sampling head), so its parameters are known only
+    then."""
+
+    model: str  # `self.netF`
+    optimizer: cst.Call  # the optimizer made after the forward
+    forward: cst.Call  # the forward before it
+    method: str  # the method both are in (`data_dependent_initialize`)
+
+
+def lazily_built_models(tree: Tree) -> list[LazilyBuilt]:
+    """The project's models trained by an optimizer that a method makes after running a
+    forward (`self.forward()` or a call of a `self.` model), when the model itself is
+    built in another method (`__init__`)."""
+    view = tree.view
+    found: list[LazilyBuilt] = []
+    if not _builds_layers_late(view):
+        return found
+    for optimizer in _optimizer_calls(view):
+        method = view.function(optimizer)
+        if method is None or method.name.value == "__init__":
+            continue
+        before = [c for c in view.within(method, cst.Call) if _before(view, c, optimizer)]
+        forward = next((c for c in before if _is_forward(view, c)), None)
+        if forward is None:
+            continue
+        for model in trained_owners(view, optimizer):
+            if model.startswith("self.") and not _assigned_in(view, method, model):
+                found.append(LazilyBuilt(model, optimizer, forward, method.name.value))
+    return found
+
+
+def _builds_layers_late(view) -> bool:
+    """Whether a class of the project stores a `torch.nn` layer on itself in a method
+    other than `__init__` (`self.proj = nn.Linear(...)`, `setattr(self, name, mlp)` after
+    `mlp = nn.Sequential(...)`): a layer that exists only once that method ran."""
+    for cls in view.find(cst.ClassDef):
+        for method in view.within(cls, cst.FunctionDef):
+            if method.name.value != "__init__" and _stores_layer_on_self(view, method):
+                return True
+    return False
+
+
+def _stores_layer_on_self(view, method: cst.FunctionDef) -> bool:
+    layers = {
+        dotted(target.target)
+        for assign in view.within(method, cst.Assign)
+        if _makes_layer(view, assign.value)
+        for target in assign.targets
+    }
+    if any((name or "").startswith("self.") for name in layers):
+        return True
+    return any(
+        dotted(call.func) == "setattr"
+        and len(call.args) == 3
+        and dotted(call.args[0].value) == "self"
+        and (dotted(call.args[2].value) in layers or _makes_layer(view, call.args[2].value))
+        for call in view.within(method, cst.Call)
+    )
+
+
+def _makes_layer(view, value: cst.BaseExpression) -> bool:
+    """`nn.Linear(...)`, also moved: `nn.Linear(...).to(x.device)`."""
+    while (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and isinstance(value.func.value, cst.Call)
+    ):
+        value = value.func.value
+    if not isinstance(value, cst.Call):
+        return False
+    qualified = view.qualify(value.func) or ""
+    module, _, name = qualified.rpartition(".")
+    return module == "torch.nn" and name[:1].isupper()
+
+
+def _before(view, node: cst.CSTNode, other: cst.CSTNode) -> bool:
+    first, second = view.statement(node), view.statement(other)
+    tree = view.owner(node)
+    if tree is None or first is None or second is None or first is second:
+        return False
+    return tree.order.get(first, 0) < tree.order.get(second, 0)
+
+
+def _is_forward(view, call: cst.Call) -> bool:
+    """`self.forward()`, or a `self.` model called (`self.netG(x)`): a forward pass."""
+    name = dotted(call.func) or ""
+    return name == "self.forward" or name in _trained_modules(view)
+
+
+def _assigned_in(view, method: cst.FunctionDef, name: str) -> bool:
+    return any(
+        any(dotted(target.target) == name for target in assign.targets)
+        for assign in view.within(method, cst.Assign)
+    )

@@ -8,6 +8,7 @@ every pass and every rule agree on it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -32,6 +33,8 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     dataloader_subclasses,
     hand_made_batches,
     iterated_source,
+    lazily_built_models,
+    loader_holding_classes,
     local_rank_arguments,
     model_names,
     optimizer_calls,
@@ -210,6 +213,7 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
     if shape.converts:
         _refuse_nested_torch_import(entry)
         _refuse_launcher_elsewhere(trees)
+        _refuse_lazily_built(entry)
         loaders, _ = train_loaders(entry)
         chosen = {id(c.loop) for c in chosen_training_loaders(entry, options.loader_modules)}
         unresolved = [
@@ -223,17 +227,20 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
     return plans
 
 
-def computed_imports(trees: list[Tree]) -> str:
+def computed_imports(trees: list[Tree], followed: Collection[str] = ()) -> str:
     """Where the project imports a module by a name computed at run time (a model chosen
     by an option: `importlib.import_module("models." + name + "_model")`): the step is
     probably in such a module, which ddpify does not follow (it never runs user code, and
-    guessing which candidate the options select could migrate the wrong one)."""
+    guessing which candidate the options select could migrate the wrong one). Those the
+    project followed to its modules (their first lines in `followed`) are not named."""
     lines = []
     for tree in trees:
         for call in tree.calls_to("importlib.import_module", "builtins.__import__"):
             first = call.args[0].value if call.args else None
+            written = _first_line(tree.code(tree.statement(call)))
             if first is not None and not isinstance(first, cst.SimpleString):
-                lines.append(f"`{_first_line(tree.code(tree.statement(call)))}`")
+                if (written or "").strip() not in followed:
+                    lines.append(f"`{written}`")
     if not lines:
         return ""
     return (
@@ -241,6 +248,30 @@ def computed_imports(trees: list[Tree]) -> str:
         "run time, which ddpify does not follow: import the module that trains explicitly "
         "(e.g. `from models.my_model import MyModel` in the entry script) and migrate again, "
         "or convert it by hand"
+    )
+
+
+def _refuse_lazily_built(tree: Tree) -> None:
+    """A model whose optimizer is made after a forward, in a method of its own (a
+    data-dependent initialisation): its layers may only exist after that forward, and
+    ddpify wraps a model where it is built, before them; DDP made then would leave the
+    late layers out of its gradient averaging (or fail on a model with no parameters)."""
+    lazy = lazily_built_models(tree)
+    if not lazy:
+        return
+    first = lazy[0]
+    view = tree.view
+    optimizer = _first_line(view.code(view.statement(first.optimizer)))
+    forward = view.code(first.forward)
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"`{first.model}` gets its optimizer in `{first.method}` after a forward "
+        f"(`{forward}`), which may build its layers, and ddpify wraps a model where it is "
+        f"built, before they exist: wrap it in DDP by hand in `{first.method}`, after the "
+        f"forward and just before `{optimizer}` "
+        f"(`{first.model} = DDP({first.model}, device_ids=[LOCAL_RANK] if "
+        "torch.cuda.is_available() else None)`), and keep the code that builds it from "
+        "wrapping it in DataParallel",
     )
 
 
@@ -464,6 +495,14 @@ def _refuse_unknown_iterable(tree: Tree, loop: cst.For, line: str) -> None:
 def _where_to_shard(tree: Tree) -> str:
     """The project's DataLoader subclasses, when it has some: their constructors hand a
     sampler to DataLoader, which is where a DistributedSampler goes."""
+    holders = loader_holding_classes(tree)
+    if holders:
+        name, call = holders[0]
+        built = _first_line(tree.view.code(tree.view.statement(call)))
+        return (
+            f"the DataLoader that `{name}` builds (`{built}`), whose batches its `__iter__` "
+            "hands out (ddpify does not follow a loop through such a class yet)"
+        )
     subclasses = dataloader_subclasses(tree)
     if not subclasses:
         return "the code that builds the loader"

@@ -285,6 +285,8 @@ def _dataset_name(tree: Tree, loader: Loader) -> str:
     bound = bound_target(tree, loader.call)
     target = bound or next(iter(sorted(loader.names)), "train")
     prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
+    if prefix.rstrip("_").endswith(("dataset", "data")) and not _uses_name(tree, "train_dataset"):
+        prefix = "train_"  # a loader kept as `dataset` (`dataset = create_dataset(opt)`)
     name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
     if bound is not None:
         return f"{target.rsplit('.', 1)[0]}.{name}" if "." in target else name
@@ -293,6 +295,11 @@ def _dataset_name(tree: Tree, loader: Loader) -> str:
     if any(kept not in loader.names for _, kept in helper_results(tree, loader.call)):
         taken.add(name)  # the helper builds evaluation loaders too: not `train_dataset`
     return next(n for n in (name, "dataset", "loader_dataset") if n not in taken)
+
+
+def _uses_name(tree: Tree, name: str) -> bool:
+    """Whether the module already names `name` anywhere (a new binding must not clash)."""
+    return any(node.value == name for node in tree.find(cst.Name))
 
 
 def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:

@@ -63,6 +63,7 @@ class ProjectMigration:
         entry = self.summary()
         if not self.migrated:
             entry.render(stream, script)
+            self._render_computed_imports(stream)
             return
         others = [r for r in self.results[1:] if r.changed]
         files = len(self.changed_results)
@@ -78,6 +79,25 @@ class ProjectMigration:
             write(f"\nnot followed: `{what}` in {self.project.relative(path)}: {why}\n")
         if self.project.truncated:
             write("\nnot followed: more local modules than ddpify reads in one project\n")
+        self._render_computed_imports(stream)
+
+    def _render_computed_imports(self, stream: TextIO) -> None:
+        """Which modules a name computed at run time was taken to import, and why."""
+        for found in self.project.computed:
+            if not found.chosen:
+                continue
+            where = self.project.relative(found.importer)
+            chosen = ", ".join(self.project.relative(path) for path in found.chosen)
+            stream.write(
+                f"\nfollowed `{found.written}` ({where}:{found.line}) to {chosen}: {found.why}"
+            )
+            others = [path for path in found.candidates if path not in found.chosen]
+            if others:
+                shown = ", ".join(self.project.relative(path) for path in others)
+                stream.write(
+                    f"; a run that picks another module ({shown}) runs code ddpify did not migrate"
+                )
+            stream.write("\n")
 
 
 def load_project(entry: str | Path) -> Project:
@@ -119,7 +139,8 @@ def _name_computed_imports(project: Project, results: list) -> None:
         for module in project.modules.values()
         if "import_module" in module.text
     ]
-    extra = computed_imports(trees)
+    followed = {found.written for found in project.computed if found.chosen}
+    extra = computed_imports(trees, followed)
     base = entry.reason.split(";", 1)[0]  # analyze named only the modules with torch
     for result in results:
         result.reason = base + extra

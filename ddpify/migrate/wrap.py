@@ -768,12 +768,42 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
             and method_name(call) in PREPARES
         ):
             return True
+    if _prepared_by_helper(tree, stmt, target):
+        return True
     # `AdamW(model.get_parameters())`: a parameter-group method of the model's own class
     # is not an attribute of the DDP wrapper, so that optimizer is built before the wrap
     # (it sees the same parameters either way).
     return any(
         not parameter_owners(call) and target in trained_owners(tree.view, call)
         for call in tree.within(stmt, cst.Call)
+    )
+
+
+def _prepared_by_helper(tree: Tree, stmt: cst.SimpleStatementLine, target: str) -> bool:
+    """`init_weights(net, gain)`: a function of the project that prepares the module it is
+    given (`net.apply(init_func)`, `.to(...)`) changes its weights, so DDP, which
+    broadcasts rank 0's weights when it wraps, wraps after it."""
+    small = stmt.body[0]
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name):
+        return False
+    function = tree.view.functions().get(call.func.value)
+    if function is None:
+        return False
+    params = [param.name.value for param in function.params.params]
+    for index, arg in enumerate(call.args):
+        if arg.keyword is None and arg.star == "" and dotted(arg.value) == target:
+            if index < len(params) and _prepares_parameter(tree, function, params[index]):
+                return True
+    return False
+
+
+def _prepares_parameter(tree: Tree, function: cst.FunctionDef, param: str) -> bool:
+    return any(
+        isinstance(call.func, cst.Attribute)
+        and dotted(call.func.value) == param
+        and method_name(call) in PREPARES
+        for call in tree.view.within(function, cst.Call)
     )
 
 
