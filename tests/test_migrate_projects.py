@@ -337,3 +337,200 @@ def test_a_trained_part_under_conditions_is_wrapped_on_every_path(tmp_path):
         "\n    model.encoder = DDP(model.encoder, device_ids="
     )
     assert "'model': model.state_dict()," in _result(migration, "util.py").output
+
+
+def test_a_model_module_picked_by_an_option_default_is_followed_and_named(tmp_path, capsys):
+    """`importlib.import_module("models." + name + "_model")` with `--model` defaulting
+    to `denoise`: models/denoise_model.py is migrated, and the report says which module
+    was followed, why, and which other candidates a different `--model` would run."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "model_registry" / "before", work)
+    os.chdir(work)
+    assert ddpify_main(["migrate", "train.py", "--diff"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "models/denoise_model.py: imported by train.py" in out
+    assert (
+        "followed `modellib = importlib.import_module(model_filename)` (models/__init__.py:11) "
+        "to models/denoise_model.py: `models.denoise_model`, from the default of `--model` "
+        "('denoise'); a run that picks another module (models/base_model.py) runs code ddpify "
+        "did not migrate"
+    ) in out
+    assert "no training step" not in out
+
+
+_LAZY_HEAD = '''
+
+class LazyHead(nn.Module):
+    """A projection whose input width is read from the first batch."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.width = width
+        self.built = False
+
+    def build(self, x):
+        self.proj = nn.Linear(x.shape[-1], self.width).to(x.device)
+        self.built = True
+
+    def forward(self, x):
+        if not self.built:
+            self.build(x)
+        return self.proj(x)
+
+
+def define_F(width, init_gain=0.02, gpu_ids=[]):
+    return init_net(LazyHead(width), init_gain, gpu_ids)
+'''
+
+
+def _with_data_dependent_head(work: Path, head: str) -> None:
+    """model_registry with a second net, `netF`, whose optimizer is made in
+    `data_dependent_initialize` after a first forward (the CUT style)."""
+    model = work / "models" / "denoise_model.py"
+    text = model.read_text()
+    text = text.replace(
+        "        self.criterionL1 = torch.nn.L1Loss()\n",
+        "        self.netF = networks.define_F(opt.width, gpu_ids=self.gpu_ids)\n"
+        "        self.criterionL1 = torch.nn.L1Loss()\n",
+    )
+    text = text.replace(
+        "    def set_input(self, input):",
+        "    def data_dependent_initialize(self, data):\n"
+        "        self.set_input(data)\n"
+        "        self.forward()\n"
+        "        self.netF(self.fake_B)\n"
+        "        self.optimizer_F = torch.optim.Adam(self.netF.parameters(), lr=self.opt.lr)\n"
+        "        self.optimizers.append(self.optimizer_F)\n\n"
+        "    def set_input(self, input):",
+    )
+    model.write_text(text)
+    networks = work / "models" / "networks.py"
+    networks.write_text(networks.read_text() + head)
+    train = work / "train.py"
+    train.write_text(
+        train.read_text().replace(
+            "    model.setup(opt)\n",
+            "    model.data_dependent_initialize(next(iter(dataset)))\n    model.setup(opt)\n",
+        )
+    )
+
+
+def test_a_net_whose_layers_are_built_by_its_first_forward_is_refused_where_to_wrap(tmp_path):
+    """DDP made where `netF` is built would miss the layers its first forward adds: the
+    refusal names the method, the optimizer line before which to wrap, and the wrap."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "model_registry" / "before", work)
+    _with_data_dependent_head(work, _LAZY_HEAD)
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert not migration.migrated
+    reason = migration.entry.reason
+    assert reason.startswith(
+        "`self.netF` gets its optimizer in `data_dependent_initialize` after a forward "
+        "(`self.forward()`)"
+    )
+    assert (
+        "just before `self.optimizer_F = torch.optim.Adam(self.netF.parameters(), "
+        "lr=self.opt.lr)` (`self.netF = DDP(self.netF, device_ids=[LOCAL_RANK] if "
+        "torch.cuda.is_available() else None)`)"
+    ) in reason
+
+
+def test_an_optimizer_made_after_a_forward_of_a_net_built_whole_still_migrates(tmp_path):
+    """The same order of calls, but every layer of the head is made in its __init__:
+    nothing is built late, so the project migrates (DDP where the net is built)."""
+    eager = _LAZY_HEAD.replace(
+        "        self.built = False\n", "        self.proj = nn.Linear(16, width)\n"
+    ).replace("        if not self.built:\n            self.build(x)\n", "")
+    eager = eager.replace(
+        "    def build(self, x):\n"
+        "        self.proj = nn.Linear(x.shape[-1], self.width).to(x.device)\n"
+        "        self.built = True\n\n",
+        "",
+    )
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "model_registry" / "before", work)
+    _with_data_dependent_head(work, eager)
+    migration = migrate_project(load_project(work / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+
+
+def test_a_loop_over_a_class_that_hands_out_its_dataloaders_batches_names_that_loader(tmp_path):
+    """`dataset = create_dataset(opt)` returning an object whose `__iter__` yields the
+    batches of the DataLoader it holds: the refusal names the class and that DataLoader."""
+    (tmp_path / "data.py").write_text(
+        "import torch\n\n\n"
+        "class LoaderWrapper:\n"
+        "    def __init__(self, n):\n"
+        "        ds = torch.utils.data.TensorDataset(torch.randn(n, 4), torch.randn(n, 1))\n"
+        "        self.dataloader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)\n\n"
+        "    def __iter__(self):\n"
+        "        for i, data in enumerate(self.dataloader):\n"
+        "            yield data\n\n\n"
+        "def create_dataset(n):\n"
+        "    return LoaderWrapper(n)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom data import create_dataset\n\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "dataset = create_dataset(32)\n"
+        "for epoch in range(2):\n"
+        "    for x, y in dataset:\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        "        opt.zero_grad()\n"
+        "        loss.backward()\n"
+        "        opt.step()\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert not migration.migrated
+    assert (
+        "a DistributedSampler in the DataLoader that `LoaderWrapper` builds "
+        "(`self.dataloader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)`)"
+    ) in migration.entry.reason
+
+
+def test_the_first_of_a_list_is_this_process_gpu_only_when_the_list_holds_gpu_ids(tmp_path):
+    """`net.to(gpu_ids[0])` with `DataParallel(net, gpu_ids)`: every rank would sit on the
+    first GPU, so it becomes LOCAL_RANK; `x.to(devices[0])` of a list never handed to
+    DataParallel may name the CPU and stays, as does the first device of a DataParallel
+    that no optimizer trains (it stays DataParallel)."""
+    (tmp_path / "nets.py").write_text(
+        "import torch\n\n\n"
+        "def init_net(net, gpu_ids=[]):\n"
+        "    if len(gpu_ids) > 0:\n"
+        "        net.to(gpu_ids[0])\n"
+        "        net = torch.nn.DataParallel(net, gpu_ids)\n"
+        "    return net\n\n\n"
+        "def feature_net(device_ids):\n"
+        "    # an evaluation network: its DataParallel stays, on its first device\n"
+        "    net = torch.nn.Linear(4, 4).to(device_ids[0])\n"
+        "    return torch.nn.DataParallel(net, device_ids=device_ids)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom nets import init_net\n\n"
+        "devices = ['cpu']\n"
+        "gpu_ids = [0] if torch.cuda.is_available() else []\n"
+        "model = init_net(torch.nn.Linear(4, 1), gpu_ids)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)\n"
+        "for epoch in range(2):\n"
+        "    for x, y in loader:\n"
+        "        x, y = x.to(devices[0]), y.to(devices[0])\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        "        opt.zero_grad()\n"
+        "        loss.backward()\n"
+        "        opt.step()\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    outputs = {result.filename: result.output for result in migration.results}
+    assert "net.to(LOCAL_RANK)" in outputs["nets.py"]
+    assert "net = torch.nn.DataParallel(net, gpu_ids)" not in outputs["nets.py"]
+    assert "x.to(devices[0]), y.to(devices[0])" in outputs["train.py"]
+    assert "torch.nn.Linear(4, 4).to(device_ids[0])" in outputs["nets.py"]

@@ -31,6 +31,7 @@ def one_process(converted_flags=None, original_flags=None, grads=None, draws=(()
         {"local_bn": True},
         {"adaptive_solver": "RKAdaptiveStepsizeODESolver (rtol 0.001)"},
         {"batch_comparison": "z @ z.T (train.py:40)"},
+        {"masked_mean": "cross_entropy(..., ignore_index=0)"},
         {"local_bn": True, "batch_comparison": "z @ z.T (train.py:40)"},
     ],
 )

@@ -81,6 +81,8 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
     for case, converted, *_ in PER_RANK_MATCHES + PER_RANK_BUGS:
         folder = VERIFY / case
         pairs[f"{case}/{converted}"] = (folder / "original.py", folder / converted, {})
+    stream = VERIFY / "token_stream"
+    pairs["unsharded stream"] = (stream / "original.py", stream / "bug_stream_not_sharded.py", {})
     mixup = {"script_args": ["--mixup"]}
     augment = VERIFY / "augment"
     pairs["mixup"] = (augment / "original.py", augment / "converted.py", mixup)
@@ -223,6 +225,9 @@ OWN_PLANTED_BUGS = [
     # Hand-made batches: conclusive, so a wrong conversion is a mismatch, not inconclusive.
     ("toy_stream", "bug_loss_divided.py", "0.5x the original's"),
     ("toy_stream", "bug_seed_per_rank.py", "the ranks split different batches"),
+    # A weighted draw shared out by rank (migrate/weighted.py), every rank keeping rank 0's
+    # share: the probe aligns the draws, not the shares, so the data differ.
+    ("weighted", "bug_same_share_on_every_rank.py", "every process saw the same batch"),
 ]
 
 
@@ -255,6 +260,15 @@ PER_RANK_MATCHES = [
         "(converted.py:84)`)",
         # the conversion's SyncBatchNorm (emulated on CPU): the reference sums them too
         "the per-rank reference summed BatchNorm statistics over its processes",
+    ),
+    (
+        "token_stream",
+        "converted.py",
+        "a loss averaged over the targets it does not ignore",
+        "each process averages its loss over its own count of targets (cross_entropy(..., "
+        "ignore_index=0))",
+        # the stream's `random.randint` windows, isolated and seeded alike in all runs
+        "random numbers drawn by a stream the conversion shards round-robin: aligned",
     ),
     (
         "antithetic",
@@ -294,6 +308,7 @@ PER_RANK_BUGS = [
     ("cnn_bn", "bug_local_bn_not_wrapped.py", "one-process", "gradients of rank 1 differ"),
     ("cnn_bn", "bug_local_bn_no_sampler.py", "one-process", "every process saw the same batch"),
     ("contrastive", "bug_seed_per_rank.py", "one-process", "did not see the original's batch"),
+    ("token_stream", "bug_loss_divided.py", "per-rank", "0.5x the original's"),
 ]
 
 
@@ -307,6 +322,15 @@ def test_planted_bug_in_a_per_rank_conversion_fails(case, converted, against, sa
     assert ("reference" in result.seconds) == (against == "per-rank")
     if against == "per-rank":
         assert "(the conversion does not compute DDP of the original)" in result.message
+
+
+@in_batch
+def test_a_stream_every_rank_reads_whole_is_never_a_match(batched):
+    """Without the round-robin switch, the ranks read the same items: verify cannot align
+    them with the single process's batch, and says so instead of comparing."""
+    result = batched("cpu")["unsharded stream"]
+    assert result.verdict != "match", result.message
+    assert any("an IterableDataset decides its own order" in r for r in result.inconclusive)
 
 
 @in_batch

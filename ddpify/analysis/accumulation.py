@@ -9,7 +9,7 @@ between ranks. These helpers read such tests; DDP040 compares them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -143,15 +143,17 @@ def flag_synced_phase(
     return phase_of(assign.value, model)
 
 
-def step_phases(root: cst.CSTNode, model: ScriptModel | None = None) -> Iterator[Phase]:
-    """The phase of every `if <test>:` under `root` whose body steps an optimizer."""
+def step_phases(
+    root: cst.CSTNode, model: ScriptModel | None = None, optimizers: Collection[str] = ()
+) -> Iterator[Phase]:
+    """The phase of every `if <test>:` under `root` whose body steps an optimizer
+    (`optimizers`: the names known to hold one, see `is_optimizer_step`)."""
     for node in own_nodes(root):
-        if isinstance(node, cst.FunctionDef):
-            yield from step_phases(node, model)
-        elif isinstance(node, cst.ClassDef):
-            yield from step_phases(node, model)
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            yield from step_phases(node, model, optimizers)
         elif isinstance(node, cst.If):
-            if any(isinstance(n, cst.Call) and is_optimizer_step(n) for n in own_nodes(node.body)):
+            body = own_nodes(node.body)
+            if any(isinstance(n, cst.Call) and is_optimizer_step(n, optimizers) for n in body):
                 phase = phase_of(node.test, model)
                 if phase is not None:
                     yield phase

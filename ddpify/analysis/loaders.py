@@ -32,7 +32,11 @@ from ddpify.analysis.epochs import is_epoch_loop
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import ImportMap, dotted, find_arg
-from ddpify.analysis.roles import ITERABLE_BASES, iterable_dataset_classes
+from ddpify.analysis.roles import (
+    ITERABLE_BASES,
+    distributed_sampler_value,
+    iterable_dataset_classes,
+)
 from ddpify.analysis.tree import Tree
 from ddpify.walk import children, walk
 
@@ -345,7 +349,9 @@ class LoaderFacts:
         return names
 
     def distributed_sampler_of(self, loader: LoaderCall) -> SamplerCall | None:
-        """The DistributedSampler `loader` draws from: written inline, or a name bound to one."""
+        """The DistributedSampler `loader` draws from: written inline, a name bound to one,
+        or behind a conditional or a few names (`roles.distributed_sampler_value`, the
+        answer migrate reads)."""
         arg = loader.arg("sampler")
         if arg is None:
             return None
@@ -353,7 +359,18 @@ class LoaderFacts:
         for sampler in self.samplers:
             if sampler.loader is loader or (name is not None and sampler.target == name):
                 return sampler
-        return None
+        if not self.samplers:
+            return None  # the common case: no DistributedSampler call, no Tree to build
+        tree = self.tree()
+        value = distributed_sampler_value(tree, arg.value)
+        if isinstance(value, cst.IfExp):  # the branch that holds the sampler
+            branches = (value.body, value.orelse)
+            value = next(filter(None, (distributed_sampler_value(tree, b) for b in branches)))
+        return next((s for s in self.samplers if s.call is value), None)
+
+    def loaders_drawing_from(self, sampler: SamplerCall) -> list[LoaderCall]:
+        """The loaders whose `sampler=` is `sampler`."""
+        return [loader for loader in self.loaders if self.distributed_sampler_of(loader) is sampler]
 
     def loader_names(self) -> set[str]:
         return {loader.target for loader in self.loaders if loader.target}

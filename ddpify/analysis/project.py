@@ -20,11 +20,13 @@ import re
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Callable
 
 import libcst as cst
 
+from ddpify.analysis.computed_imports import ComputedImport, computed_imports, local_module_names
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.tree import Tree
 from ddpify.files import SourceError, SourceFile, decode_source, read_bounded, read_source
@@ -61,6 +63,8 @@ class Project:
     # Local imports that could not be followed: (importer, what, why).
     problems: list[tuple[Path, str, str]] = field(default_factory=list)
     truncated: bool = False  # more than MAX_MODULES local modules
+    # `importlib.import_module(<computed name>)` calls and the local modules they may load
+    computed: list[ComputedImport] = field(default_factory=list)
 
     @classmethod
     def discover(
@@ -80,10 +84,14 @@ class Project:
         for path in paths:
             project.modules[path] = ProjectModule(path, read(path))
             queue.append(path)
+        computed = _ComputedImports(paths, boundary)
         while queue:
             path = queue.pop(0)
             module = project.modules[path]
-            for found, what in local_imports(path, module.text, paths, boundary):
+            for found, what in chain(
+                local_imports(path, module.text, paths, boundary),
+                computed.follow(path, module.text, project.computed),
+            ):
                 if found in module.imports:
                     continue
                 module.imports.append(found)
@@ -115,6 +123,44 @@ class Project:
             return str(path.relative_to(self.root))
         except ValueError:
             return str(path)
+
+
+class _ComputedImports:
+    """The modules `import_module(<computed name>)` calls may load (see
+    `analysis/computed_imports.py`); the project's files are listed on first need."""
+
+    def __init__(self, entries: Sequence[Path], boundary: Path) -> None:
+        self.entries = entries
+        self.boundary = boundary
+        self._names: dict[str, Path] | None = None
+        self._parsed: dict[Path, ast.Module | None] = {}  # shared by every lookup
+
+    def names(self) -> dict[str, Path]:
+        if self._names is None:
+            files = [
+                path.resolve()
+                for index, path in enumerate(_python_files(self.boundary))
+                if index < MAX_SCANNED_FILES
+            ]
+            self._names = local_module_names(_roots(self.entries, self.boundary), files)
+        return self._names
+
+    def texts(self) -> Iterator[tuple[Path, str]]:
+        for path in self.names().values():
+            read = _read_text(path)
+            if read is not None:
+                yield path, read[0]
+
+    def follow(
+        self, path: Path, text: str, record: list[ComputedImport]
+    ) -> Iterator[tuple[Path, str]]:
+        """The modules to follow from `path`'s computed imports (each call recorded)."""
+        if "import_module" not in text and "__import__" not in text:
+            return
+        for found in computed_imports(path, text, self.names(), self.texts, self._parsed):
+            record.append(found)
+            for chosen in found.chosen:
+                yield chosen, found.written
 
 
 def copy_python_files(root: Path, destination: Path, limit: int = 5000) -> Path:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.batch_streams import batch_stream_makers, item_names, maker_of, unwrap
-from ddpify.analysis.batches import BatchAssignment, batch_assignments, names_read
+from ddpify.analysis.batches import BatchAssignment, batch_assignments, body_nodes, names_read
 from ddpify.analysis.evaluation import looks_like_eval
+from ddpify.analysis.fetchers import fetched_loaders
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
@@ -629,14 +630,38 @@ def returned_into_trained(tree: Tree, statement: cst.BaseStatement, names: set) 
     if not any(r is _small(statement) or dotted(r.value) in named for r in returns):
         return set()
     trained = trained_model_names(tree)
-    name = func.name.value
+    names = returning_builders(tree.view, func.name.value)
     kept = set()
     for call in tree.view.find(cst.Call):
-        if (dotted(call.func) or "").rsplit(".", 1)[-1] == name:
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] in names:
             target = bound_target(tree, call)
             if target in trained and _holds_trained(tree, call, target):
                 kept.add(target)
     return kept
+
+
+# How many builders a net passes through on its way out (`define_G` returns
+# `init_net(net, ...)`, which returns the net it wrapped).
+MAX_BUILDER_HOPS = 3
+
+
+def returning_builders(view, name: str) -> set[str]:
+    """`name` and the project's functions that return what a call of it returns
+    (`def define_G(...): ... return init_net(net, gpu_ids)`), up to MAX_BUILDER_HOPS
+    deep: a caller of any of them keeps what `name` built."""
+    found = {name}
+    for _ in range(MAX_BUILDER_HOPS):
+        more = {
+            function.name.value
+            for function in view.find(cst.FunctionDef)
+            for returned in view.within(function, cst.Return)
+            if isinstance(returned.value, cst.Call)
+            and (dotted(returned.value.func) or "").rsplit(".", 1)[-1] in found
+        } - found
+        if not more:
+            break
+        found |= more
+    return found
 
 
 def _small(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
@@ -733,11 +758,32 @@ def _loaders_fed_by_next(
             read = _read_through(names_read(value), bindings, sources)
             feeding |= {id(loader.call) for loader in every if loader.names & read}
         if not feeding:
+            fetched = _fetched_by_step(tree, loop, bindings)
+            feeding |= {id(loader.call) for loader in every if loader.names & fetched}
+        if not feeding:
             still.append(loop)
         for loader in every:
             if id(loader.call) in feeding and all(loader.call is not t.call for t in loaders):
-                loaders.append(loader)
+                loaders.append(_without_bundled_evaluation(tree, loader))
     return loaders, still
+
+
+def _without_bundled_evaluation(tree, loader: Loader) -> Loader:
+    """`loader` without the bundle names that read as evaluation data (`loaders.val`, from
+    the helper that also builds `loaders.train`): one DataLoader call, two loaders."""
+    evaluation = {name for _, name in bundled_results(tree, loader.call) if looks_like_eval(name)}
+    kept = loader.names - evaluation
+    return Loader(loader.call, kept) if kept else loader
+
+
+def _fetched_by_step(tree, loop: cst.For | cst.While, bindings) -> set[str]:
+    """The loaders a fetcher object pulled from in the step hands out (`inputs =
+    next(fetcher)`, `fetcher = InputFetcher(loaders.src, loaders.ref)`): analysis/fetchers.py."""
+    found: set[str] = set()
+    for node in body_nodes(loop):
+        if isinstance(node, cst.Call):
+            found |= fetched_loaders(tree.view, node, bindings)
+    return found
 
 
 def _read_through(read: set[str], bindings, sources: set[str]) -> set[str]:
@@ -1054,7 +1100,66 @@ def _names_of_loader(tree: Tree, call: cst.Call) -> set[str]:
     """Where a DataLoader(...) ends up: `x = DataLoader(..)`, or returned by a helper whose
     result is bound (`train, val = make_loaders()`), also through helpers that return the
     helper's result in turn (`_get_data(flag)` around `data_provider(args, flag)`)."""
-    return _names_of_loader_here(tree, call) | {name for _, name in helper_results(tree, call)}
+    return (
+        _names_of_loader_here(tree, call)
+        | {name for _, name in helper_results(tree, call)}
+        | {name for _, name in bundled_results(tree, call)}
+    )
+
+
+# Attribute bundles: `loaders = Munch(src=get_loader(...), val=...)` keeps a loader as
+# `loaders.src`.
+BUNDLES = frozenset({"Munch", "EasyDict", "edict", "SimpleNamespace", "AttrDict", "DotMap"})
+
+
+def bundled_results(tree: Tree, loader: cst.Call) -> list[tuple[cst.Call, str]]:
+    """(the call, `loaders.src`) where the loader `loader` builds (the call itself, or the
+    call of a helper that returns it: `return DataLoader(...)`) is a keyword of an attribute
+    bundle bound to `loaders`, and that bundle is handed to a function that trains
+    (`solver.train(loaders)`): a bundle of the same name handed only to
+    `solver.sample(loaders)` keeps its loaders out."""
+    view = tree.view
+    made = [loader]
+    func = view.function(loader)
+    if func is not None and isinstance(view.parent.get(loader), cst.Return):
+        made += [c for c in view.find(cst.Call) if _callee(c) == func.name.value]
+    found = []
+    for call in made:
+        arg = view.parent.get(call)
+        bundle = view.parent.get(arg) if isinstance(arg, cst.Arg) and arg.keyword else None
+        if not isinstance(bundle, cst.Call) or _callee(bundle) not in BUNDLES:
+            continue
+        statement = view.statement(bundle)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not isinstance(small, cst.Assign) or small.value is not bundle:
+            continue
+        name = dotted(small.targets[0].target)
+        if name is not None and _handed_to_training(tree, statement, name):
+            found.append((call, f"{name}.{arg.keyword.value}"))  # type: ignore[union-attr]
+    return found
+
+
+def method_or_name(call: cst.Call) -> str | None:
+    """`train` for `train(x)`, `solver.train(x)` and `Solver(args).train(x)` alike."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return call.func.value if isinstance(call.func, cst.Name) else None
+
+
+def _handed_to_training(tree: Tree, statement: cst.BaseStatement, name: str) -> bool:
+    """Whether a statement after `statement`, in its block, calls a function that trains
+    with `name` as an argument."""
+    view = tree.view
+    block = view.parent.get(statement)
+    body = list(getattr(block, "body", []))
+    if statement not in body:
+        return False
+    trains = training_functions(tree)
+    for later in body[body.index(statement) + 1 :]:
+        for call in view.within(later, cst.Call):
+            if method_or_name(call) in trains and any(dotted(a.value) == name for a in call.args):
+                return True
+    return False
 
 
 def training_loop_sources(tree: Tree) -> set[str]:
@@ -1271,3 +1376,146 @@ def dataloader_subclasses(tree: Tree) -> dict[str, list[str]]:
             if root != cls.name.value:
                 found[root].append(cls.name.value)
     return found
+
+
+def loader_holding_classes(tree: Tree) -> list[tuple[str, cst.Call]]:
+    """The project's classes that build a DataLoader into an attribute of their own
+    (`self.dataloader = DataLoader(...)`) and hand out its batches from `__iter__`
+    (`for data in self.dataloader: yield data`): (class name, the DataLoader call). An
+    instance of such a class is the loader a training loop iterates."""
+    view = tree.view
+    found = []
+    for cls in view.find(cst.ClassDef):
+        loaders = {
+            target: call
+            for call in view.within(cls, cst.Call)
+            if view.qualify(call.func) == DATA_LOADER
+            and (target := bound_target(view.owner(call) or tree, call)) is not None
+            and target.startswith("self.")
+        }
+        iterates = _iterated_attributes(view, cls)
+        found += [(cls.name.value, call) for name, call in loaders.items() if name in iterates]
+    return found
+
+
+def _iterated_attributes(view, cls: cst.ClassDef) -> set[str]:
+    """The `self.` attributes `cls.__iter__` loops over, yields from or hands to `iter()`."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    method = next(
+        (s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == "__iter__"), None
+    )
+    if method is None:
+        return set()
+    names = set()
+    for loop in view.within(method, cst.For):
+        iterated = loop.iter
+        if isinstance(iterated, cst.Call) and iterated.args:  # enumerate(self.loader), tqdm(...)
+            iterated = iterated.args[0].value
+        names.add(dotted(iterated))
+    for node in view.within(method, cst.Yield):
+        if isinstance(node.value, cst.From):
+            names.add(dotted(node.value.item))
+    for call in view.within(method, cst.Call):
+        if dotted(call.func) == "iter" and call.args:
+            names.add(dotted(call.args[0].value))
+    return {name for name in names if name and name.startswith("self.")}
+
+
+@dataclass
+class LazilyBuilt:
+    """A model whose optimizer is made only after a forward pass, in a method other than
+    the one that builds it: the forward may create its layers (a data-dependent
+    initialisation, `netF` of a patch-sampling head), so its parameters are known only
+    then."""
+
+    model: str  # `self.netF`
+    optimizer: cst.Call  # the optimizer made after the forward
+    forward: cst.Call  # the forward before it
+    method: str  # the method both are in (`data_dependent_initialize`)
+
+
+def lazily_built_models(tree: Tree) -> list[LazilyBuilt]:
+    """The project's models trained by an optimizer that a method makes after running a
+    forward (`self.forward()` or a call of a `self.` model), when the model itself is
+    built in another method (`__init__`)."""
+    view = tree.view
+    found: list[LazilyBuilt] = []
+    if not _builds_layers_late(view):
+        return found
+    for optimizer in _optimizer_calls(view):
+        method = view.function(optimizer)
+        if method is None or method.name.value == "__init__":
+            continue
+        before = [c for c in view.within(method, cst.Call) if _before(view, c, optimizer)]
+        forward = next((c for c in before if _is_forward(view, c)), None)
+        if forward is None:
+            continue
+        for model in trained_owners(view, optimizer):
+            if model.startswith("self.") and not _assigned_in(view, method, model):
+                found.append(LazilyBuilt(model, optimizer, forward, method.name.value))
+    return found
+
+
+def _builds_layers_late(view) -> bool:
+    """Whether a class of the project stores a `torch.nn` layer on itself in a method
+    other than `__init__` (`self.proj = nn.Linear(...)`, `setattr(self, name, mlp)` after
+    `mlp = nn.Sequential(...)`): a layer that exists only once that method ran."""
+    for cls in view.find(cst.ClassDef):
+        for method in view.within(cls, cst.FunctionDef):
+            if method.name.value != "__init__" and _stores_layer_on_self(view, method):
+                return True
+    return False
+
+
+def _stores_layer_on_self(view, method: cst.FunctionDef) -> bool:
+    layers = {
+        dotted(target.target)
+        for assign in view.within(method, cst.Assign)
+        if _makes_layer(view, assign.value)
+        for target in assign.targets
+    }
+    if any((name or "").startswith("self.") for name in layers):
+        return True
+    return any(
+        dotted(call.func) == "setattr"
+        and len(call.args) == 3
+        and dotted(call.args[0].value) == "self"
+        and (dotted(call.args[2].value) in layers or _makes_layer(view, call.args[2].value))
+        for call in view.within(method, cst.Call)
+    )
+
+
+def _makes_layer(view, value: cst.BaseExpression) -> bool:
+    """`nn.Linear(...)`, also moved: `nn.Linear(...).to(x.device)`."""
+    while (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and isinstance(value.func.value, cst.Call)
+    ):
+        value = value.func.value
+    if not isinstance(value, cst.Call):
+        return False
+    qualified = view.qualify(value.func) or ""
+    module, _, name = qualified.rpartition(".")
+    return module == "torch.nn" and name[:1].isupper()
+
+
+def _before(view, node: cst.CSTNode, other: cst.CSTNode) -> bool:
+    first, second = view.statement(node), view.statement(other)
+    tree = view.owner(node)
+    if tree is None or first is None or second is None or first is second:
+        return False
+    return tree.order.get(first, 0) < tree.order.get(second, 0)
+
+
+def _is_forward(view, call: cst.Call) -> bool:
+    """`self.forward()`, or a `self.` model called (`self.netG(x)`): a forward pass."""
+    name = dotted(call.func) or ""
+    return name == "self.forward" or name in _trained_modules(view)
+
+
+def _assigned_in(view, method: cst.FunctionDef, name: str) -> bool:
+    return any(
+        any(dotted(target.target) == name for target in assign.targets)
+        for assign in view.within(method, cst.Assign)
+    )

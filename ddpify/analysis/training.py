@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -343,11 +343,17 @@ def is_exit_call(node: cst.CSTNode) -> bool:
 _EXIT_NAMES = {"exit", "quit", "_exit"}
 
 
-def is_optimizer_step(call: cst.Call) -> bool:
-    """`optimizer.step()`, `self.opt.step()`, `scaler.step(optimizer)`; not schedulers."""
+def is_optimizer_step(call: cst.Call, optimizers: Collection[str] = ()) -> bool:
+    """`optimizer.step()`, `self.opt.step()`, `scaler.step(optimizer)`; not schedulers.
+
+    `optimizers`: the names the analysis knows hold optimizers (`roles.optimizer_names`),
+    so `g_solver.step()` counts; without them, or for other receivers, the name says."""
     if method_name(call) != "step":
         return False
-    receiver = (dotted(call.func.value) or "").lower()  # type: ignore[attr-defined]
+    receiver = dotted(call.func.value) or ""  # type: ignore[attr-defined]
+    if receiver in optimizers:
+        return True
+    receiver = receiver.lower()
     if "sched" in receiver or "lr" in receiver.rsplit(".", 1)[-1]:
         return False
     return "opt" in receiver or "scaler" in receiver

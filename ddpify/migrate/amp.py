@@ -18,6 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.training import is_optimizer_step
 from ddpify.analysis.tree import Tree, mentions, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
@@ -204,10 +205,8 @@ def _optimizer_step(tree: Tree, rest: list[cst.BaseStatement]) -> cst.Call | Non
     optimizers = optimizer_names(tree)
     for stmt in rest:
         for call in tree.within(stmt, cst.Call):
-            if method_name(call) != "step" or call.args:
-                continue
-            name = dotted(call.func.value)  # type: ignore[union-attr]
-            if name and (name in optimizers or "optim" in name.lower()):
+            # the optimizer's own `step()`, not a scaler's `step(optimizer)`
+            if not call.args and is_optimizer_step(call, optimizers):
                 return call
     return None
 

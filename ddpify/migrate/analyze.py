@@ -8,11 +8,13 @@ every pass and every rule agree on it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from ddpify.analysis.batches import carried_state, model_calls
+from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles from here too
@@ -31,6 +33,8 @@ from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles 
     dataloader_subclasses,
     hand_made_batches,
     iterated_source,
+    lazily_built_models,
+    loader_holding_classes,
     local_rank_arguments,
     model_names,
     optimizer_calls,
@@ -87,6 +91,10 @@ class Options:
     lr_scaling: str | None = None  # linear | sqrt | none; None: by optimizer
     amp: str = "auto"  # auto | bf16 | fp16 | off
     sync_bn: bool = True
+    # Local modules whose every class is a DataLoader of one project base (analysis/
+    # loader_classes.py): a loader `getattr(module, config[...])(...)` makes is sharded in
+    # that base. Filled by migrate/project.py, which reads every module of the project.
+    loader_modules: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -205,26 +213,34 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
     if shape.converts:
         _refuse_nested_torch_import(entry)
         _refuse_launcher_elsewhere(trees)
+        _refuse_lazily_built(entry)
         loaders, _ = train_loaders(entry)
-        unresolved = [loop for tree in trees for loop in train_loaders(tree)[1]]
-        _refuse_unshardable(entry, loaders, unresolved)
+        chosen = {id(c.loop) for c in chosen_training_loaders(entry, options.loader_modules)}
+        unresolved = [
+            loop for tree in trees for loop in train_loaders(tree)[1] if id(loop) not in chosen
+        ]
+        if not chosen or unresolved or loaders:  # else: sharded in the loaders' base class
+            _refuse_unshardable(entry, loaders, unresolved)
     if shape is Shape.SPAWN:
         holder = next(index for index, tree in enumerate(trees) if tree.calls_to(*SPAWN))
         _spawn_worker(trees[holder], plans[holder])
     return plans
 
 
-def computed_imports(trees: list[Tree]) -> str:
+def computed_imports(trees: list[Tree], followed: Collection[str] = ()) -> str:
     """Where the project imports a module by a name computed at run time (a model chosen
     by an option: `importlib.import_module("models." + name + "_model")`): the step is
     probably in such a module, which ddpify does not follow (it never runs user code, and
-    guessing which candidate the options select could migrate the wrong one)."""
+    guessing which candidate the options select could migrate the wrong one). Those the
+    project followed to its modules (their first lines in `followed`) are not named."""
     lines = []
     for tree in trees:
         for call in tree.calls_to("importlib.import_module", "builtins.__import__"):
             first = call.args[0].value if call.args else None
+            written = _first_line(tree.code(tree.statement(call)))
             if first is not None and not isinstance(first, cst.SimpleString):
-                lines.append(f"`{_first_line(tree.code(tree.statement(call)))}`")
+                if (written or "").strip() not in followed:
+                    lines.append(f"`{written}`")
     if not lines:
         return ""
     return (
@@ -232,6 +248,30 @@ def computed_imports(trees: list[Tree]) -> str:
         "run time, which ddpify does not follow: import the module that trains explicitly "
         "(e.g. `from models.my_model import MyModel` in the entry script) and migrate again, "
         "or convert it by hand"
+    )
+
+
+def _refuse_lazily_built(tree: Tree) -> None:
+    """A model whose optimizer is made after a forward, in a method of its own (a
+    data-dependent initialisation): its layers may only exist after that forward, and
+    ddpify wraps a model where it is built, before them; DDP made then would leave the
+    late layers out of its gradient averaging (or fail on a model with no parameters)."""
+    lazy = lazily_built_models(tree)
+    if not lazy:
+        return
+    first = lazy[0]
+    view = tree.view
+    optimizer = _first_line(view.code(view.statement(first.optimizer)))
+    forward = view.code(first.forward)
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"`{first.model}` gets its optimizer in `{first.method}` after a forward "
+        f"(`{forward}`), which may build its layers, and ddpify wraps a model where it is "
+        f"built, before they exist: wrap it in DDP by hand in `{first.method}`, after the "
+        f"forward and just before `{optimizer}` "
+        f"(`{first.model} = DDP({first.model}, device_ids=[LOCAL_RANK] if "
+        "torch.cuda.is_available() else None)`), and keep the code that builds it from "
+        "wrapping it in DataParallel",
     )
 
 
@@ -455,6 +495,14 @@ def _refuse_unknown_iterable(tree: Tree, loop: cst.For, line: str) -> None:
 def _where_to_shard(tree: Tree) -> str:
     """The project's DataLoader subclasses, when it has some: their constructors hand a
     sampler to DataLoader, which is where a DistributedSampler goes."""
+    holders = loader_holding_classes(tree)
+    if holders:
+        name, call = holders[0]
+        built = _first_line(tree.view.code(tree.view.statement(call)))
+        return (
+            f"the DataLoader that `{name}` builds (`{built}`), whose batches its `__iter__` "
+            "hands out (ddpify does not follow a loop through such a class yet)"
+        )
     subclasses = dataloader_subclasses(tree)
     if not subclasses:
         return "the code that builds the loader"

@@ -12,12 +12,15 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.batch_coupling import batch_comparisons
-from ddpify.analysis.endless import pass_restarts
+from ddpify.analysis.endless import PassRestart, pass_restarts
 from ddpify.analysis.epochs import epoch_loops
+from ddpify.analysis.fetchers import fetcher_restarts
+from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.loaders import LOADER_PARAMETERS
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import (
+    bundled_results,
     distributed_sampler_value,
     iterated_name,
     project_has_hand_made_batches,
@@ -42,8 +45,10 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.loader_classes import shard_loader_classes
 from ddpify.migrate.replicate import project_replicates, replicate
 from ddpify.migrate.streams import shard_streams, stream_of, unsharded_stream_note
+from ddpify.migrate.weighted import converted_sampler, shard_weighted, weighted_loader
 
 NAME = "data"
 ADAPTIVE = {
@@ -84,9 +89,12 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if id(loader.call) not in streams:
             _shard(tree, plan, edits, loader)
     if plan.shape.converts:
+        # A loader whose class the configuration chooses: sharded in the project's base.
+        shard_loader_classes(tree, plan, edits)
+    if plan.shape.converts:
         _note_unsharded(tree, plan, loaders)
         _note_sharded_evaluation(tree, plan, loaders)
-        hand_made = _shard_hand_made(tree, plan, edits) or project_has_hand_made_batches(tree)
+        hand_made = _shard_hand_made(tree, plan, edits) or _project_hand_made(tree, plan)
         # A step replicated on every rank keeps the original's global batch too.
         hand_made = replicate(tree, plan, edits) or project_replicates(tree) or hand_made
         if hand_made and not loaders:
@@ -154,6 +162,12 @@ def _shard(tree: Tree, plan: Plan, edits: Edits, loader: Loader) -> None:
     if sampler is not None or batch_sampler is not None:
         given = sampler or batch_sampler
         if sampler is not None and _shard_none_sampler(tree, plan, edits, call, sampler):
+            return
+        if sampler is not None and converted_sampler(tree, sampler.value):
+            return  # migrated before: the weighted draw is shared out by rank
+        weighted = weighted_loader(tree, loader) if plan.shape.converts else None
+        if weighted is not None:
+            shard_weighted(tree, plan, edits, weighted)
             return
         if distributed_sampler_value(tree, given.value) is None:  # type: ignore[union-attr]
             if plan.shape.converts:
@@ -271,6 +285,8 @@ def _dataset_name(tree: Tree, loader: Loader) -> str:
     bound = bound_target(tree, loader.call)
     target = bound or next(iter(sorted(loader.names)), "train")
     prefix = target.rsplit(".", 1)[-1].replace("loader", "").replace("dl", "")
+    if prefix.rstrip("_").endswith(("dataset", "data")) and not _uses_name(tree, "train_dataset"):
+        prefix = "train_"  # a loader kept as `dataset` (`dataset = create_dataset(opt)`)
     name = f"{prefix}dataset" if prefix.endswith("_") else f"{prefix or 'train_'}dataset"
     if bound is not None:
         return f"{target.rsplit('.', 1)[0]}.{name}" if "." in target else name
@@ -279,6 +295,11 @@ def _dataset_name(tree: Tree, loader: Loader) -> str:
     if any(kept not in loader.names for _, kept in helper_results(tree, loader.call)):
         taken.add(name)  # the helper builds evaluation loaders too: not `train_dataset`
     return next(n for n in (name, "dataset", "loader_dataset") if n not in taken)
+
+
+def _uses_name(tree: Tree, name: str) -> bool:
+    """Whether the module already names `name` anywhere (a new binding must not clash)."""
+    return any(node.value == name for node in tree.find(cst.Name))
 
 
 def _note_unsharded(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:
@@ -307,6 +328,9 @@ def _note_sharded_evaluation(tree: Tree, plan: Plan, loaders: list[Loader]) -> N
         if not _gets_a_sampler(tree, loader.call):
             continue
         sites = helper_results(tree, loader.call)
+        # `loaders = Munch(train=get_loader(..), val=get_loader(..))`: the bundle's names.
+        sites += bundled_results(tree, loader.call)
+        trained |= loader.names
         if not any(name in trained for _, name in sites):
             continue  # no call site keeps the training loader: the helper is not understood
         helper = tree.view.function(loader.call).name.value  # type: ignore[union-attr]
@@ -348,10 +372,31 @@ def _block(name: str, rank: str) -> str:
     return f"{name}[{rank} * len({name}) // WORLD_SIZE : ({rank} + 1) * len({name}) // WORLD_SIZE]"
 
 
+def _hand_made_here(tree: Tree, plan: Plan) -> list:
+    """This module's hand-made batches, but for those of loops over a loader whose class
+    the configuration chooses (`data, target = data.to(device)`): that loader is sharded
+    in its base class (migrate/loader_classes.py), so its batches are each rank's already."""
+    chosen = chosen_training_loaders(tree, plan.options.loader_modules)
+    return [
+        batch
+        for batch in hand_made_batches(tree)
+        if not any(tree.view.inside(batch.statement, c.loop) for c in chosen)
+    ]
+
+
+def _project_hand_made(tree: Tree, plan: Plan) -> bool:
+    """`project_has_hand_made_batches`, without the batches of loops over a loader whose
+    class the configuration chooses (see `_hand_made_here`)."""
+    if not plan.options.loader_modules:
+        return project_has_hand_made_batches(tree)
+    trees = getattr(tree.view, "trees", [tree])
+    return any(_hand_made_here(t, plan) or stream_batches(t) for t in trees)
+
+
 def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
     """Split each hand-made batch by rank right where it enters the step, so the ranks
     together train on exactly the original's batch (same global batch, same LR)."""
-    batches = hand_made_batches(tree)
+    batches = _hand_made_here(tree, plan)
     for batch in batches:
         # Contiguous blocks, not `x[RANK::WORLD_SIZE]`: a strided slice is not contiguous,
         # and scripts call `.view()` on their batches.
@@ -567,7 +612,7 @@ def _set_epoch_per_pass(tree: Tree, plan: Plan, edits: Edits, loaders: list[Load
         shuffle = find_arg(loader.call, "shuffle", 2)
         if shuffle is None or dotted(shuffle.value) == "False":
             continue
-        restarts = pass_restarts(tree.view, loader.names)
+        restarts = pass_restarts(tree.view, loader.names) + _fetcher_passes(tree, loader)
         if restarts:
             covered.add(id(loader.call))
         for restart in restarts:
@@ -590,6 +635,17 @@ def _set_epoch_per_pass(tree: Tree, plan: Plan, edits: Edits, loaders: list[Load
                 "DDP022",
             )
     return covered
+
+
+def _fetcher_passes(tree: Tree, loader: Loader) -> list[PassRestart]:
+    """Where a fetcher object built from `loader` makes its iterator over it again
+    (`self.iter = iter(self.loader)`): a new pass begins there, as in an endless generator."""
+    found = []
+    for restart in fetcher_restarts(tree.view, loader.names):
+        method = tree.view.function(restart.statement)
+        if method is not None:
+            found.append(PassRestart(method, restart.attribute, restart.statement, after=False))
+    return found
 
 
 def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None:

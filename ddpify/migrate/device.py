@@ -10,7 +10,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
-from ddpify.analysis.names import find_arg, method_name
+from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.roles import DATA_PARALLEL, data_parallel_of_trained
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan
@@ -41,9 +42,61 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if index is not None and _is_zero(index.value):
             edits.replace(index.value, cst.Name("LOCAL_RANK"))
             plan.change(NAME, 'torch.device("cuda", 0) -> LOCAL_RANK', "LOCAL_RANK", "DDP010")
+    for first in tree.find(cst.Subscript, lambda node: _first_of_list(node)):
+        if _formatted_into_cuda(tree, first) or _first_gpu_of_ids(tree, first):
+            shown = tree.code(first)
+            edits.replace(first, cst.Name("LOCAL_RANK"))
+            plan.change(NAME, f"{shown} as a GPU index -> LOCAL_RANK", "LOCAL_RANK", "DDP010")
     if plan.spawn_function:
         _spawn_rank_as_device(tree, plan, edits)
     return edits
+
+
+def _first_of_list(node: cst.Subscript) -> bool:
+    """`gpu_ids[0]`, `self.opt.gpu_ids[0]`: the first GPU of a list of them, when it is used
+    where a device goes (each process has its own GPU under torchrun: LOCAL_RANK)."""
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return False
+    return _is_zero(node.slice[0].slice.value) and dotted(node.value) is not None
+
+
+def _first_gpu_of_ids(tree: Tree, first: cst.Subscript) -> bool:
+    """`net.to(gpu_ids[0])`, `net.cuda(gpu_ids[0])`: a device use of the first of a list
+    that the project hands DataParallel as its device_ids (`DataParallel(net, gpu_ids)`),
+    so a list of GPU indices, not of devices that may be the CPU."""
+    if not _device_use(tree, first):
+        return False
+    listed = (dotted(first.value) or "").rsplit(".", 1)[-1]
+    return listed in _device_id_lists(tree)
+
+
+def _device_id_lists(tree: Tree) -> set[str]:
+    """The names (last part: `gpu_ids` of `self.opt.gpu_ids`) the project passes as
+    device_ids to a DataParallel of a trained model, which becomes DDP (a DataParallel of
+    an evaluation network stays, and its module must stay on its first device)."""
+    found = set()
+    view = tree.view
+    for call in view.calls_to(DATA_PARALLEL):
+        owner = view.owner(call) if view is not tree else tree
+        if owner is None or not data_parallel_of_trained(owner, call, False):
+            continue
+        ids = find_arg(call, "device_ids", 1)
+        name = dotted(ids.value) if ids is not None else None
+        if name:
+            found.add(name.rsplit(".", 1)[-1])
+    return found
+
+
+def _formatted_into_cuda(tree: Tree, node: cst.CSTNode) -> bool:
+    """`"cuda:{}".format(gpu_ids[0])`."""
+    arg = tree.parent.get(node)
+    call = tree.parent.get(arg) if isinstance(arg, cst.Arg) else None
+    if not isinstance(call, cst.Call) or method_name(call) != "format":
+        return False
+    template = call.func.value if isinstance(call.func, cst.Attribute) else None
+    return isinstance(template, cst.SimpleString) and str(template.evaluated_value).startswith(
+        "cuda:"
+    )
 
 
 def _is_zero(expr: cst.BaseExpression) -> bool:

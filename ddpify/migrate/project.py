@@ -7,12 +7,13 @@ report lists the changes per file; the files are written all together or not at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
 import libcst as cst
 
+from ddpify.analysis.loader_classes import chosen_loader_modules
 from ddpify.analysis.project import Project
 from ddpify.analysis.tree import Tree
 from ddpify.engine import mentions_torch
@@ -62,6 +63,7 @@ class ProjectMigration:
         entry = self.summary()
         if not self.migrated:
             entry.render(stream, script)
+            self._render_computed_imports(stream)
             return
         others = [r for r in self.results[1:] if r.changed]
         files = len(self.changed_results)
@@ -77,6 +79,25 @@ class ProjectMigration:
             write(f"\nnot followed: `{what}` in {self.project.relative(path)}: {why}\n")
         if self.project.truncated:
             write("\nnot followed: more local modules than ddpify reads in one project\n")
+        self._render_computed_imports(stream)
+
+    def _render_computed_imports(self, stream: TextIO) -> None:
+        """Which modules a name computed at run time was taken to import, and why."""
+        for found in self.project.computed:
+            if not found.chosen:
+                continue
+            where = self.project.relative(found.importer)
+            chosen = ", ".join(self.project.relative(path) for path in found.chosen)
+            stream.write(
+                f"\nfollowed `{found.written}` ({where}:{found.line}) to {chosen}: {found.why}"
+            )
+            others = [path for path in found.candidates if path not in found.chosen]
+            if others:
+                shown = ", ".join(self.project.relative(path) for path in others)
+                stream.write(
+                    f"; a run that picks another module ({shown}) runs code ddpify did not migrate"
+                )
+            stream.write("\n")
 
 
 def load_project(entry: str | Path) -> Project:
@@ -98,6 +119,9 @@ def migrate_project(
         name = entry_name if path == entry_path else _shown(path, entry_path, entry_name)
         names[name] = path
         sources[name] = module.source
+    loader_modules = chosen_loader_modules(project)
+    if loader_modules:
+        options = replace(options or Options(), loader_modules=loader_modules)
     results = migrate_sources({name: s.text for name, s in sources.items()}, options)
     _name_computed_imports(project, results)
     return ProjectMigration(project, results, sources)
@@ -115,7 +139,8 @@ def _name_computed_imports(project: Project, results: list) -> None:
         for module in project.modules.values()
         if "import_module" in module.text
     ]
-    extra = computed_imports(trees)
+    followed = {found.written for found in project.computed if found.chosen}
+    extra = computed_imports(trees, followed)
     base = entry.reason.split(";", 1)[0]  # analyze named only the modules with torch
     for result in results:
         result.reason = base + extra

@@ -148,3 +148,42 @@ def try_finally(body: list[cst.BaseStatement], cleanup: cst.BaseStatement) -> cs
         finalbody=cst.Finally(body=cst.IndentedBlock(body=[bare(cleanup)])),
         leading_lines=first.leading_lines,
     )
+
+
+# WeightedRandomSampler shared out by rank (migrate/weighted.py): the class's name is how
+# verify's probe recognises it in the converted run.
+WEIGHTED_SAMPLER_CLASS = "DistributedWeightedSampler"
+WEIGHTED_SAMPLER = '''\
+
+
+class {name}({torch}.utils.data.Sampler):
+    """ddpify: WeightedRandomSampler's draw, shared out by rank. Every rank draws the same
+    `num_samples` indices (a generator seeded with `seed` + the epoch), drops the last
+    `num_samples % WORLD_SIZE` and keeps every WORLD_SIZE-th index from RANK: together the
+    ranks draw from the original's distribution. Each pass draws anew (the epoch counts
+    the passes; `set_epoch` sets it, as a DistributedSampler's does). A `generator` is
+    not used: a per-process generator would give the ranks different draws."""
+
+    def __init__(self, weights, num_samples, replacement=True, generator=None, seed=0):
+        self.weights = {torch}.as_tensor(weights, dtype={torch}.double)
+        self.num_samples = num_samples
+        self.replacement = replacement
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = {torch}.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        self.epoch += 1
+        drawn = {torch}.multinomial(
+            self.weights, self.num_samples, self.replacement, generator=generator
+        )
+        kept = len(drawn) // WORLD_SIZE * WORLD_SIZE
+        return iter(drawn[:kept][RANK::WORLD_SIZE].tolist())
+
+    def __len__(self):
+        return self.num_samples // WORLD_SIZE
+'''

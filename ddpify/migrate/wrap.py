@@ -564,7 +564,10 @@ def _trained_bindings(
     class to rebuild recorded in `containers`)."""
     found = []
     for optimizer in optimizers:
-        for owner in trained_owners(tree.view, optimizer):
+        owners = trained_owners(tree.view, optimizer)
+        if not owners:
+            _refuse_untraced_parameters(tree, optimizer)
+        for owner in owners:
             collection, element = ranged_collection(tree, optimizer, owner) or (None, None)
             if owner in collection_owners(optimizer):  # `Adam(nets["g"].parameters())`
                 collection = owner
@@ -593,6 +596,31 @@ def _trained_bindings(
                 )
             found.append(resolved)
     return found
+
+
+def _refuse_untraced_parameters(tree: Tree, optimizer: cst.Call) -> None:
+    """An optimizer whose parameters ddpify cannot trace to a module (`Adam(params=
+    self.nets[net].parameters())` over the keys of a dict a helper returns): the modules
+    it trains would stay unwrapped, each rank training its own copy. Name the optimizer
+    and the DataParallel wraps of the project, where a DDP wrap would go."""
+    line = _first_line(tree.code(tree.statement(optimizer)))
+    params = optimizer.args[0].value if optimizer.args else None
+    trains = f" `{tree.code(params)}`" if params is not None else ""
+    where = "where each trained module is built"
+    view = tree.view
+    parallel = view.calls_to(DATA_PARALLEL)
+    if parallel:
+        first = parallel[0]
+        func = view.function(first)
+        inside = f" in `{func.name.value}`" if func is not None else ""
+        more = f" and {len(parallel) - 1} more" if len(parallel) > 1 else ""
+        where = f"in place of `{_first_line(view.code(first))}`{inside}{more}"
+    raise NotMigrated(
+        Shape.UNKNOWN,
+        f"`{line}` trains{trains}, which ddpify cannot trace to the modules it builds, so "
+        "it cannot wrap them in DistributedDataParallel (each rank would train its own "
+        f"copy); wrap each trained module in DistributedDataParallel {where}",
+    )
 
 
 # Calls that build a dict a comprehension rebuilds alike: a plain one, or one given back
@@ -740,12 +768,42 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
             and method_name(call) in PREPARES
         ):
             return True
+    if _prepared_by_helper(tree, stmt, target):
+        return True
     # `AdamW(model.get_parameters())`: a parameter-group method of the model's own class
     # is not an attribute of the DDP wrapper, so that optimizer is built before the wrap
     # (it sees the same parameters either way).
     return any(
         not parameter_owners(call) and target in trained_owners(tree.view, call)
         for call in tree.within(stmt, cst.Call)
+    )
+
+
+def _prepared_by_helper(tree: Tree, stmt: cst.SimpleStatementLine, target: str) -> bool:
+    """`init_weights(net, gain)`: a function of the project that prepares the module it is
+    given (`net.apply(init_func)`, `.to(...)`) changes its weights, so DDP, which
+    broadcasts rank 0's weights when it wraps, wraps after it."""
+    small = stmt.body[0]
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name):
+        return False
+    function = tree.view.functions().get(call.func.value)
+    if function is None:
+        return False
+    params = [param.name.value for param in function.params.params]
+    for index, arg in enumerate(call.args):
+        if arg.keyword is None and arg.star == "" and dotted(arg.value) == target:
+            if index < len(params) and _prepares_parameter(tree, function, params[index]):
+                return True
+    return False
+
+
+def _prepares_parameter(tree: Tree, function: cst.FunctionDef, param: str) -> bool:
+    return any(
+        isinstance(call.func, cst.Attribute)
+        and dotted(call.func.value) == param
+        and method_name(call) in PREPARES
+        for call in tree.view.within(function, cst.Call)
     )
 
 

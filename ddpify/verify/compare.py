@@ -337,6 +337,12 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
             "`dataset[i]` ran with the generators seeded from the sample's index and the pass "
             "over its loader, whichever process fetched it, and restored afterwards)"
         )
+    if any_flag("seeded_stream", both) and not any_flag("augmentation", both):
+        result.notes.append(
+            "random numbers drawn by a stream the conversion shards round-robin: aligned "
+            "(each pass over the stream drew from generators of its own, seeded alike in "
+            "both runs; every rank reads the whole stream, so item k drew the same numbers)"
+        )
     if any_flag("augmentation", both):
         result.inconclusive.append(
             "the data pipeline draws random numbers (random augmentation?): the N processes "
@@ -357,6 +363,16 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
         )
         cause = f"each process compares only its own samples of the batch (`{compared}`)"
         result.by_design(reason, cause, against_reference, result.caveats)
+    masked = any_flag("masked_mean", both)
+    if masked and nproc > 1:
+        reason = (
+            f"a loss averaged over the targets it does not ignore ({masked}): each process "
+            "divides by its own count and DDP averages those means, the single process "
+            "divides by the whole batch's count, so the gradients differ by design unless the "
+            "loss is summed and divided by the count all-reduced across processes"
+        )
+        cause = f"each process averages its loss over its own count of targets ({masked})"
+        result.by_design(reason, cause, against_reference, result.inconclusive)
     solver = any_flag("adaptive_solver", both)
     if solver and nproc > 1:
         reason = (

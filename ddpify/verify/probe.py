@@ -18,6 +18,9 @@ What it does to the run (the same in both runs unless said otherwise):
   random, numpy) seeded from its index and the pass over its loader, and restored after it,
   so random augmentation is the same whichever process fetches the sample (patch_map_fetcher);
   `np.random.default_rng()` without a seed gets the same seed in both runs;
+- a stream (IterableDataset) the conversion shards round-robin is read whole by every rank, so
+  each pass over it draws from generators of its own, seeded from the loader and the pass, the
+  same in both runs (next_from_stream); the single process reads it as it is;
 - in the converted run, a hand-made batch split by rank as migrate writes it is recognised
   (watch_block_splits): draws shaped by the per-process batch keep this rank's block;
 - samples the DistributedSampler repeats to pad an epoch are counted per step;
@@ -57,7 +60,15 @@ import types
 import warnings
 
 CONFIG_ENV = "DDPIFY_VERIFY_CONFIG"
+# The switch migrate's stream pass sets on a training stream it shards round-robin
+# (ddpify.analysis.streams.SWITCH; the probe runs without ddpify on its path).
+STREAM_SWITCH = "shard_by_rank"
 SEED = 1234
+# The class ddpify migrate writes for a WeightedRandomSampler (ddpify/migrate/snippets.py;
+# the probe runs without ddpify, so the name is repeated here).
+WEIGHTED_SAMPLER_CLASS = "DistributedWeightedSampler"
+# Losses whose 'mean' divides by the targets not ignored (ignore_index).
+MASKED_MEAN_LOSSES = ("cross_entropy", "nll_loss")
 SUM_REDUCED_LOSSES = (
     "cross_entropy",
     "nll_loss",
@@ -346,6 +357,7 @@ class Probe:
             # Which pass over this loader the iterator makes: part of each sample's seed.
             loader._ddpify_passes = getattr(loader, "_ddpify_passes", 0) + 1
             self._ddpify_pass = loader._ddpify_passes
+            self._ddpify_stream = probe.stream_generators(self._ddpify_loader, self._ddpify_pass)
 
         def next_batch(self):
             before = probe.rng_state()
@@ -354,7 +366,8 @@ class Probe:
             fetcher = getattr(self, "_dataset_fetcher", None)
             if fetcher is not None:
                 fetcher._ddpify_pass = getattr(self, "_ddpify_pass", None)
-            batch = iter_next(self)
+            stream = getattr(self, "_ddpify_stream", None)
+            batch = iter_next(self) if stream is None else probe.next_from_stream(self, iter_next)
             after = probe.rng_state()
             if probe.rng_changed(before, after):
                 probe.flag("augmentation")
@@ -364,6 +377,9 @@ class Probe:
                 padded = probe.padded_pending
                 padded[loader] = padded.get(loader, 0) + probe.padded_now
                 probe.padded_now = 0
+            unaligned = probe.loaders[loader].get("unaligned") if loader is not None else None
+            if unaligned:
+                probe.flag("unaligned_sampler", unaligned)
             probe.note_batch(loader, batch)
             return batch
 
@@ -407,6 +423,76 @@ class Probe:
             )
 
         DistributedSampler.__iter__ = canonical_distributed_iter
+        self.patch_weighted_sampler()
+
+    def patch_weighted_sampler(self) -> None:
+        """A WeightedRandomSampler (the original's) draws one canonical weighted draw per
+        pass over its loader (the probe's seed plus the pass), cut to a multiple of N, as
+        the migration's DistributedWeightedSampler (recognised by its class name, see
+        ddpify/migrate/weighted.py) draws when given the same seed and pass: its ranks'
+        step-i batches together are then the original's step-i batch."""
+        from torch.utils.data import DataLoader, WeightedRandomSampler
+
+        probe = self
+        replicas = int(self.config.get("nproc") or self.world)
+        if self.role == "reference":  # the per-rank reference deals its own shares
+            native_weighted = WeightedRandomSampler.__iter__
+
+            def flagged_iter(self):
+                probe.flag("unaligned_sampler", "WeightedRandomSampler")
+                return native_weighted(self)
+
+            WeightedRandomSampler.__iter__ = flagged_iter
+            return
+
+        def canonical_weighted_iter(self):
+            self._ddpify_epoch = getattr(self, "_ddpify_epoch", -1) + 1
+            return iter(probe.weighted_draw(self, replicas))
+
+        WeightedRandomSampler.__iter__ = canonical_weighted_iter
+        loader_init = DataLoader.__init__
+
+        def init(self, *args, **kwargs):
+            loader_init(self, *args, **kwargs)
+            sampler_class = type(getattr(self, "sampler", None))
+            if sampler_class.__name__ == WEIGHTED_SAMPLER_CLASS:
+                probe.align_distributed_weighted(sampler_class)
+
+        DataLoader.__init__ = init
+
+    def align_distributed_weighted(self, sampler_class) -> None:
+        """The converted script's own `__iter__` runs (its draw, its cut, its share), with
+        the probe's seed and the pass numbered by the order its epochs are first used, as
+        the original's canonical draw numbers its passes."""
+        native = sampler_class.__iter__
+        if getattr(native, "_ddpify_aligned", False):
+            return
+
+        def aligned_iter(self):
+            seen = self.__dict__.setdefault("_ddpify_epochs", [])
+            if self.epoch not in seen:
+                seen.append(self.epoch)
+            epoch, seed = self.epoch, self.seed
+            self.epoch, self.seed = seen.index(epoch), SEED
+            try:
+                return native(self)
+            finally:
+                self.epoch, self.seed = epoch + 1, seed
+
+        aligned_iter._ddpify_aligned = True  # type: ignore[attr-defined]
+        sampler_class.__iter__ = aligned_iter
+
+    def weighted_draw(self, sampler, replicas: int) -> list[int]:
+        """The canonical draw of a weighted sampler's pass (`_ddpify_epoch`), cut to a
+        multiple of `replicas` as the migration's distributed sampler cuts it."""
+        torch = self.torch
+        generator = torch.Generator()
+        generator.manual_seed(SEED + sampler._ddpify_epoch)
+        weights = torch.as_tensor(sampler.weights, dtype=torch.double)
+        drawn = torch.multinomial(
+            weights, sampler.num_samples, sampler.replacement, generator=generator
+        ).tolist()
+        return drawn[: len(drawn) // replicas * replicas]
 
     def mark_padding(self, chosen: list[int], rank: int, replicas: int, size: int):
         """Yield this rank's indices, counting those that pad the epoch: position
@@ -492,17 +578,8 @@ class Probe:
         """`dataset[index]` with torch's CPU generator, `random` and numpy's global generator
         seeded from (SEED, index, pass), all three restored afterwards. CUDA generators are
         left alone (torch.manual_seed would reseed them and unsettle the loop's CUDA draws)."""
-        numpy = sys.modules.get("numpy")
-        saved = (
-            self.torch.get_rng_state(),
-            random.getstate(),
-            numpy.random.get_state() if numpy is not None else None,
-        )
-        seed = sample_seed(index, pass_number)
-        self.torch.default_generator.manual_seed(seed)
-        random.seed(seed)
-        if numpy is not None:
-            numpy.random.seed(seed)
+        saved = self.save_generators()
+        self.seed_generators(sample_seed(index, pass_number))
         seeded = self.rng_state()
         self.seeding_depth += 1
         try:
@@ -511,10 +588,72 @@ class Probe:
             self.seeding_depth -= 1
             if self.rng_changed(seeded, self.rng_state()):
                 self.count("seeded_augmentation")
-            self.torch.set_rng_state(saved[0])
-            random.setstate(saved[1])
-            if saved[2] is not None:
-                numpy.random.set_state(saved[2])
+            self.restore_generators(saved)
+
+    def save_generators(self) -> tuple:
+        """The full states of the CPU generators a data pipeline may draw from."""
+        numpy = sys.modules.get("numpy")
+        return (
+            self.torch.get_rng_state(),
+            random.getstate(),
+            numpy.random.get_state() if numpy is not None else None,
+        )
+
+    def restore_generators(self, saved: tuple) -> None:
+        self.torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        numpy = sys.modules.get("numpy")
+        if saved[2] is not None and numpy is not None:
+            numpy.random.set_state(saved[2])
+
+    def seed_generators(self, seed: int) -> None:
+        self.torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed(seed)
+
+    # -- random draws of a stream sharded round-robin ----------------------------------------
+
+    def aligned_stream(self, index: int, dataset) -> bool:
+        """Whether the `index`-th loader reads an IterableDataset that the conversion shards
+        round-robin (`dataset.shard_by_rank = True`, migrate's stream pass): every rank then
+        iterates the whole stream and keeps items RANK, RANK + N, ..., which is the order a
+        DistributedSampler deals samples out in, so the N ranks' step-i batches together
+        are the single process's step-i batch."""
+        if self.role == "converted":
+            return bool(getattr(dataset, STREAM_SWITCH, False))
+        return bool(self.converted_loader(index).get("aligned_stream"))
+
+    def stream_generators(self, index, pass_number: int) -> tuple | None:
+        """For a pass over an aligned stream: generators of its own, seeded from the loader
+        and the pass, the same in both runs. None for any other loader."""
+        if index is None or not self.loaders[index].get("aligned_stream"):
+            return None
+        saved = self.save_generators()
+        self.seed_generators(sample_seed(f"stream{index}", pass_number))
+        own = self.save_generators()
+        self.restore_generators(saved)
+        return own
+
+    def next_from_stream(self, iterator, iter_next):
+        """The next batch of an aligned stream, drawn with the stream's own generators.
+
+        Every rank pulls every item of the stream (it skips the others' items), so the
+        stream's draws depend only on how far it has read: item k gets the same random
+        numbers in both runs. The loop's generators are set aside meanwhile, so they stay in
+        step between the runs too."""
+        saved = self.save_generators()
+        self.restore_generators(iterator._ddpify_stream)
+        self.seeding_depth += 1
+        try:
+            return iter_next(iterator)
+        finally:
+            self.seeding_depth -= 1
+            iterator._ddpify_stream = self.save_generators()
+            if self.rng_changed(saved, self.rng_state()):
+                self.count("seeded_stream")
+            self.restore_generators(saved)
 
     def permutation(self, size: int, epoch: int) -> list[int]:
         generator = self.torch.Generator()
@@ -541,10 +680,13 @@ class Probe:
             "shuffle": getattr(sampler, "shuffle", None),
             "drop_last": getattr(sampler, "drop_last", None),
         }
+        info["aligned_stream"] = info["iterable"] and self.aligned_stream(index, dataset)
         self.loaders.append(info)
         self.record["loaders"].append(info)
-        if info["iterable"]:
-            self.flag("unaligned_sampler", "an IterableDataset decides its own order")
+        if info["iterable"] and not info["aligned_stream"]:
+            # flagged when the loader feeds a step (an evaluation stream read after the
+            # last compared step changes nothing)
+            info["unaligned"] = "an IterableDataset decides its own order"
         if self.role == "converted" or native is None:
             return native
         policy, factor = self.original_batch_policy(index, native)
@@ -561,8 +703,12 @@ class Probe:
 
     def deal_reference_share(self, index: int, arguments: dict) -> None:
         """Where the converted run's loader has a DistributedSampler, give this reference
-        process the same share: the original's own order (shuffle or not) becomes one."""
+        process the same share: the original's own order (shuffle or not) becomes one; where
+        it reads a stream round-robin, this process reads the same items of the stream."""
         theirs = self.converted_loader(index)
+        if theirs.get("aligned_stream"):  # the stream the conversion shards round-robin
+            arguments["dataset"] = self.reference.stream_share(arguments["dataset"])
+            return
         if theirs.get("sampler") != "DistributedSampler":
             return
         if arguments["sampler"] is not None or arguments["batch_sampler"] is not None:
@@ -650,6 +796,8 @@ class Probe:
             def watched(*args, **kwargs):
                 if kwargs.get("reduction") == "sum":
                     probe.flag("sum_loss", name)
+                elif name in MASKED_MEAN_LOSSES:
+                    probe.note_masked_mean(name, args, kwargs)
                 return loss(*args, **kwargs)
 
             return watched
@@ -657,6 +805,20 @@ class Probe:
         for name in SUM_REDUCED_LOSSES:
             if hasattr(F, name):
                 setattr(F, name, watch_reduction(name, getattr(F, name)))
+
+    def note_masked_mean(self, name: str, args, kwargs) -> None:
+        """`cross_entropy(..., ignore_index=i)` with reduction 'mean' divides by the targets
+        not ignored. When the batch holds ignored targets, each process divides by its own
+        count and DDP averages those means, which is not the whole batch's mean."""
+        if kwargs.get("reduction", "mean") != "mean" or kwargs.get("weight") is not None:
+            return
+        target = args[1] if len(args) > 1 else kwargs.get("target")
+        ignore = kwargs.get("ignore_index", -100)
+        torch = self.torch
+        if not isinstance(target, torch.Tensor) or target.is_floating_point():
+            return
+        if bool((target == ignore).any()):
+            self.flag("masked_mean", f"{name}(..., ignore_index={ignore})")
 
     def attention_with_aligned_dropout(self, fused):
         """scaled_dot_product_attention written out when it drops out, so its mask is aligned.
@@ -893,6 +1055,7 @@ class Probe:
                 {
                     "batch_size": loader["batch_size"],
                     "sampler": loader["sampler"],
+                    "aligned_stream": loader["aligned_stream"],
                     **loader["sampler_settings"],
                 }
                 for loader in self.loaders

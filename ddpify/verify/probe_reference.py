@@ -101,6 +101,28 @@ class ReferenceRank:
             drop_last=bool(theirs.get("drop_last")),
         )
 
+    def stream_share(self, dataset):
+        """The converted rank's items of a stream its conversion shards round-robin
+        (migrate's stream pass): every WORLD-th item from this rank, a last round of fewer
+        than WORLD items dropped, and a length of this rank's share."""
+        from torch.utils.data import IterableDataset
+
+        rank, world = self.rank, self.world
+
+        class ReferenceStreamShare(IterableDataset):
+            def __iter__(self):
+                round_items = []
+                for item in dataset:
+                    round_items.append(item)
+                    if len(round_items) == world:
+                        yield round_items[rank]
+                        round_items = []
+
+            def __len__(self):
+                return len(dataset) // world  # a TypeError, as before, if it has none
+
+        return ReferenceStreamShare()
+
     # -- BatchNorm -------------------------------------------------------------------------
 
     def summed(self, tensor):

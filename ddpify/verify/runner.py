@@ -212,6 +212,9 @@ class Session:
             "lr_scale_candidates": [1.0] if batch_policy == "global" else per_rank_scales,
             "converted_batch_sizes": converted0["batch_sizes"],
             "converted_lrs": converted0["first_lrs"],
+            # how the conversion's DataLoaders deal out their samples (a stream sharded
+            # round-robin is aligned; per_rank.py, probe_reference.py)
+            "converted_loaders": converted0.get("loaders"),
             "display_path": str(original.resolve()),
         }
         return config
@@ -224,7 +227,6 @@ class Session:
         return {
             **config,
             "role": "reference",
-            "converted_loaders": converted0.get("loaders"),
             "converted_sync_bn": synced,
         }
 

@@ -2,6 +2,7 @@ import builtins
 
 import libcst as cst
 
+from ddpify.analysis.endless import pass_restarts
 from ddpify.analysis.loaders import EpochLoop, LoaderFacts, SamplerCall
 from ddpify.diagnostics import FixAvailability, Severity
 from ddpify.rules.base import NodeFix
@@ -28,13 +29,34 @@ class MissingSetEpoch(LoaderRule):
         facts = self.facts
         if self.context.model.framework is not None or not facts.samplers:
             return
-        if not facts.epoch_loops or facts.may_set_epoch() or _hands_loaders_away(facts):
+        if facts.may_set_epoch() or _hands_loaders_away(facts):
             return
         for sampler in facts.samplers:
             if sampler.shuffles is False or _is_evaluation(sampler):
                 continue  # the order does not matter
-            loop = _only_loop_in_scope(sampler, facts)
-            self.report(sampler.call.func, _message(sampler, loop), fix=_fix(sampler, loop, facts))
+            if facts.epoch_loops:
+                loop = _only_loop_in_scope(sampler, facts)
+                fix = _fix(sampler, loop, facts)
+                self.report(sampler.call.func, _message(sampler, loop), fix=fix)
+            else:
+                self._check_endless(sampler)
+
+    def _check_endless(self, sampler: SamplerCall) -> None:
+        """No epoch loop: a step loop may draw from an endless generator that restarts
+        the loader (`def cycle(dl): while True: yield from dl`). Each restart is a new
+        pass in the same order unless the epoch is set there, as migrate's stream pass
+        does (the same `endless.pass_restarts` answer)."""
+        loaders = {loader.target for loader in self.facts.loaders_drawing_from(sampler)}
+        restarts = pass_restarts(self.context.tree.view, loaders - {None})
+        if restarts:
+            restart = restarts[0]
+            message = (
+                f"`set_epoch` is never called on this DistributedSampler, and "
+                f"`{restart.function.name.value}()` restarts its loader endlessly: every "
+                "pass sees the same order; call `sampler.set_epoch(n)` where a new pass "
+                "begins, counting the passes"
+            )
+            self.report(sampler.call.func, message)
 
 
 def _is_evaluation(sampler: SamplerCall) -> bool:

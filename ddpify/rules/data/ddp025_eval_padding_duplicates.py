@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.guards import rank_zero_scope
-from ddpify.analysis.loaders import LoaderCall, SamplerCall
+from ddpify.analysis.loaders import SamplerCall
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import iterated_name
@@ -106,7 +106,7 @@ class EvalPaddingDuplicates(LoaderRule):
         return reported
 
     def _is_evaluation(self, sampler: SamplerCall) -> bool:
-        loaders = [sampler.loader] if sampler.loader else self._loaders_of(sampler)
+        loaders = [sampler.loader] if sampler.loader else self.facts.loaders_drawing_from(sampler)
         dataset = sampler.call.args[0].value if sampler.call.args else None
         names = [sampler.target, *(loader.target for loader in loaders)]
         if dataset is not None:
@@ -120,13 +120,6 @@ class EvalPaddingDuplicates(LoaderRule):
             if call is not None and is_eval_dataset_call(call):
                 return True
         return False
-
-    def _loaders_of(self, sampler: SamplerCall) -> list[LoaderCall]:
-        return [
-            loader
-            for loader in self.facts.loaders
-            if self.facts.distributed_sampler_of(loader) is sampler
-        ]
 
 
 def _last_identifier(expr: cst.BaseExpression) -> str:

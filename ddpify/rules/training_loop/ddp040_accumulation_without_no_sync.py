@@ -26,6 +26,7 @@ from ddpify.analysis.accumulation import (
 )
 from ddpify.analysis.call_sites import constructor_arguments
 from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.roles import optimizer_names
 from ddpify.analysis.training import (
     DDP,
     Located,
@@ -73,6 +74,11 @@ class AccumulationWithoutNoSync(LoopRule):
     )
     FIX = FixAvailability.SOMETIMES
 
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._optimizer_names: set[str] | None = None
+        self._micro_steps: dict[int, _MicroStep | None] = {}  # loop node id -> its step
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value in ("no_sync", "require_backward_grad_sync"):
             self._feed(node)
@@ -107,6 +113,12 @@ class AccumulationWithoutNoSync(LoopRule):
             if found is not None:
                 reported.add(id(found.loop.node))
 
+    def _optimizers(self) -> set[str]:
+        """The names the shared analysis knows hold optimizers (`g_solver`)."""
+        if self._optimizer_names is None:
+            self._optimizer_names = optimizer_names(self.context.tree)
+        return self._optimizer_names
+
     def _units(self) -> list[Located]:
         backwards = self.context.model.method_calls.get("backward", [])
         return self.loops.units_with_backward(self.context.tree, backwards)
@@ -132,9 +144,9 @@ class AccumulationWithoutNoSync(LoopRule):
         """`_accumulation`, finding each loop's micro-step once: `leave_Module` asks about
         each unit up to three times (its wrappers, any model, whether another module
         wraps), and finding the backward walks the loop's statements."""
-        steps = self.__dict__.setdefault("_micro_steps", {})
+        steps = self._micro_steps
         if id(loop.node) not in steps:
-            steps[id(loop.node)] = _micro_step(self.context.model, loop)
+            steps[id(loop.node)] = _micro_step(self.context.model, loop, self._optimizers())
         step = steps[id(loop.node)]
         return None if step is None else _accumulation(loop, step, wrappers, any_model)
 
@@ -211,7 +223,9 @@ class AccumulationWithoutNoSync(LoopRule):
         self.report(found.backward, message, fix=self._fix(found))
 
     def _fix(self, found: _Accumulation) -> NodeFix | None:
-        if found.forward_index is None or not _safe_to_wrap(self.context.model, found):
+        if found.forward_index is None:
+            return None
+        if not _safe_to_wrap(self.context.model, found, self._optimizers()):
             return None
         nullcontext, import_fix = self._nullcontext()
         if nullcontext is None:
@@ -276,7 +290,7 @@ class AccumulationWithoutNoSync(LoopRule):
         synced = [(m, phase) for m, phase in synced if phase is not None]
         if not synced:
             return  # the common case: no extra walk
-        steps = list(step_phases(module, model))
+        steps = list(step_phases(module, model, self._optimizers()))
         for mention, phase in synced:
             windows = {step for step in steps if step.same_window(phase)}
             if len(windows) != 1:
@@ -367,7 +381,7 @@ class _MicroStep:
     step_if: cst.If
 
 
-def _micro_step(model, loop: Located) -> _MicroStep | None:
+def _micro_step(model, loop: Located, optimizers: set[str]) -> _MicroStep | None:
     node = loop.node
     if not isinstance(node.body, cst.IndentedBlock):
         return None
@@ -375,11 +389,11 @@ def _micro_step(model, loop: Located) -> _MicroStep | None:
     backward = _backward_in(body)
     nested = backward is None and isinstance(node, (cst.For, cst.While))
     if nested:
-        backward = _nested_backward_in(body, node)
+        backward = _nested_backward_in(body, node, optimizers)
     if backward is None:
         return None
     index, call = backward
-    step_if = _accumulation_step(model, body[index + 1 :])
+    step_if = _accumulation_step(model, body[index + 1 :], optimizers)
     if step_if is None:
         return None
     return _MicroStep(body, index, call, nested, step_if)
@@ -409,7 +423,7 @@ def _accumulation(
 
 
 def _nested_backward_in(
-    body: list[cst.BaseStatement], loop: cst.For | cst.While
+    body: list[cst.BaseStatement], loop: cst.For | cst.While, optimizers: set[str]
 ) -> tuple[int, cst.Call] | None:
     """The body statement (and the call) running `.backward()` from a loop nested in it
     on every iteration of `loop` (see `nested_backward`); not one that also steps the
@@ -418,7 +432,8 @@ def _nested_backward_in(
         call = nested_backward(statement, loop)
         if call is None:
             continue
-        if any(isinstance(n, cst.Call) and is_optimizer_step(n) for n in own_nodes(statement)):
+        steps = own_nodes(statement)
+        if any(isinstance(n, cst.Call) and is_optimizer_step(n, optimizers) for n in steps):
             return None
         return index, call
     return None
@@ -457,17 +472,20 @@ def _unconditional(statement: cst.CSTNode):
             stack.extend(found)
 
 
-def _accumulation_step(model, statements: list[cst.BaseStatement]) -> cst.If | None:
+def _accumulation_step(
+    model, statements: list[cst.BaseStatement], optimizers: set[str]
+) -> cst.If | None:
     for statement in statements:
         if isinstance(statement, cst.If) and accumulation_test(statement.test, model):
             if any(
-                isinstance(n, cst.Call) and is_optimizer_step(n) for n in own_nodes(statement.body)
+                isinstance(n, cst.Call) and is_optimizer_step(n, optimizers)
+                for n in own_nodes(statement.body)
             ):
                 return statement
     return None
 
 
-def _safe_to_wrap(model, found: _Accumulation) -> bool:
+def _safe_to_wrap(model, found: _Accumulation, optimizers: set[str]) -> bool:
     """The fix evaluates the step test before the forward: it must mean the same there.
 
     So: the wrapper is always a DDP object (it has `no_sync`), the test calls nothing
@@ -490,7 +508,7 @@ def _safe_to_wrap(model, found: _Accumulation) -> bool:
     steps = [
         n
         for n in own_nodes(found.loop.node.body)
-        if isinstance(n, cst.Call) and is_optimizer_step(n)
+        if isinstance(n, cst.Call) and is_optimizer_step(n, optimizers)
     ]
     in_test = {id(n) for n in own_nodes(found.step_if.body) if isinstance(n, cst.Call)}
     if not all(id(step) in in_test for step in steps):
@@ -500,7 +518,7 @@ def _safe_to_wrap(model, found: _Accumulation) -> bool:
     scope = found.loop.function() or found.loop.ancestors[0]
     inside = {id(n) for n in own_nodes(found.loop.node)}
     return not any(
-        isinstance(n, cst.Call) and is_optimizer_step(n) and id(n) not in inside
+        isinstance(n, cst.Call) and is_optimizer_step(n, optimizers) and id(n) not in inside
         for n in own_nodes(scope)
     )
 
