@@ -1129,12 +1129,8 @@ def bundled_results(tree: Tree, loader: cst.Call) -> list[tuple[cst.Call, str]]:
         bundle = view.parent.get(arg) if isinstance(arg, cst.Arg) and arg.keyword else None
         if not isinstance(bundle, cst.Call) or _callee(bundle) not in BUNDLES:
             continue
-        statement = view.statement(bundle)
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-        if not isinstance(small, cst.Assign) or small.value is not bundle:
-            continue
-        name = dotted(small.targets[0].target)
-        if name is not None and _handed_to_training(tree, statement, name):
+        name = bound_target(tree, bundle)
+        if name is not None and _handed_to_training(tree, view.statement(bundle), name):
             found.append((call, f"{name}.{arg.keyword.value}"))  # type: ignore[union-attr]
     return found
 
