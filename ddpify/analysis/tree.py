@@ -54,6 +54,7 @@ class Tree:
         self._by_kind: dict[type, list[cst.CSTNode]] = {}
         self._order: dict[cst.CSTNode, int] | None = None
         self._nodes: list[cst.CSTNode] | None = None
+        self._parent_ids: list[int] | None = None
         self._call_names: list[tuple[cst.Call, str | None]] | None = None
         self.imports = ImportMap()
         # What the roles analysis searches: this tree, or every module of its project.
@@ -72,6 +73,7 @@ class Tree:
         tree._by_kind = {}
         tree._order = None
         tree._nodes = None
+        tree._parent_ids = None
         tree._call_names = None
         tree.view = tree
         tree.parent = parents  # read only, like the engine's own use of it
@@ -216,12 +218,46 @@ class Tree:
     def within(self, container: cst.CSTNode, kind: type = cst.CSTNode) -> Iterator:
         """Nodes of `kind` inside `container`, in source order."""
         nodes = self.nodes
-        for index in range(self.order[container] + 1, len(nodes)):
-            node = nodes[index]
-            if not self.inside(node, container):
+        start = self.order[container] + 1
+        parent_ids = self._positional_parents()
+        if parent_ids is None:  # a node occurs twice: ask `inside`, as the parent map says
+            for index in range(start, len(nodes)):
+                node = nodes[index]
+                if not self.inside(node, container):
+                    break
+                if isinstance(node, kind):
+                    yield node
+            return
+        # In pre-order the nodes inside `container` follow it, each after its parent: a
+        # node is inside when its parent is the container or a node found inside (a set
+        # lookup per node, not a walk up to the container per node).
+        found = {id(container)}
+        matches = _kind_test(kind)
+        for index in range(start, len(nodes)):
+            if parent_ids[index] not in found:
                 break
-            if isinstance(node, kind):
+            node = nodes[index]
+            found.add(id(node))
+            if matches(type(node)):
                 yield node
+
+    def _positional_parents(self) -> list[int] | None:
+        """The id of each node's parent, aligned with `nodes` (0 for the module), or None
+        when some node occurs twice (the parent map then keeps only its last parent)."""
+        if self._parent_ids is None:
+            nodes = self.nodes
+            if len(self.order) != len(nodes):
+                return None
+            ids = [0]
+            module_id = id(self.module)
+            for segment in self._segments:
+                if segment.statement is None:  # a flat segment: the parent map is in order
+                    ids.extend(id(self.parent[node]) for node in segment.inner)
+                else:
+                    ids.append(module_id)
+                    ids.extend(segment.parent_ids())
+            self._parent_ids = ids
+        return self._parent_ids
 
     def alias_for(self, qualified: str) -> str | None:
         """The local name an import binds to `qualified` (e.g. `dist`), if any."""
@@ -260,6 +296,7 @@ class _Segment:
         "_types",
         "_kinds",
         "_calls",
+        "_parent_ids",
     )
 
     def __init__(self, statement: cst.CSTNode, walked: _Walked | None = None) -> None:
@@ -272,6 +309,7 @@ class _Segment:
         self._types: set[type] | None = None
         self._kinds: dict[type, list[cst.CSTNode]] = {}
         self._calls: list[tuple[cst.Call, str | None]] | None = None
+        self._parent_ids: list[int] | None = None
         if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
             self.imports.append(statement)
         self._walk(statement, walked)
@@ -326,6 +364,7 @@ class _Segment:
         segment.inner, segment.parents, segment.imports = nodes, [], []
         segment.spans = {}
         segment._types, segment._kinds, segment._calls = None, {}, None
+        segment._parent_ids = None
         return segment
 
     def of_kind(self, kind: type) -> list:
@@ -345,11 +384,37 @@ class _Segment:
             self._kinds[kind] = found
         return found
 
+    def parent_ids(self) -> list[int]:
+        """`id` of each parent in `parents` (kept with the segment, so reused with it)."""
+        if self._parent_ids is None:
+            self._parent_ids = list(map(id, self.parents))
+        return self._parent_ids
+
     def call_paths(self) -> list[tuple[cst.Call, str | None]]:
         """Each call and its callee's dotted path (`dist.barrier`), in source order."""
         if self._calls is None:
             self._calls = [(call, dotted(call.func)) for call in self.of_kind(cst.Call)]
         return self._calls
+
+
+_KIND_TESTS: dict[type, Callable[[type], bool]] = {}
+
+
+def _kind_test(kind: type) -> Callable[[type], bool]:
+    """`issubclass(t, kind)`, memoised per node type: `isinstance` on libcst's ABC-based
+    classes costs a slow check per node."""
+    test = _KIND_TESTS.get(kind)
+    if test is None:
+        answers: dict[type, bool] = {}
+
+        def test(t: type) -> bool:
+            answer = answers.get(t)
+            if answer is None:
+                answer = answers[t] = issubclass(t, kind)
+            return answer
+
+        _KIND_TESTS[kind] = test
+    return test
 
 
 class _Walked:
