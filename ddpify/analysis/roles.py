@@ -94,7 +94,16 @@ def is_optimizer(qualified: str | None) -> bool:
 
 
 def _optimizer_calls(view) -> list[cst.Call]:
-    return view.find(cst.Call, lambda call: is_optimizer(view.qualify(call.func)))
+    # The view's calls qualified once (per tree), each qualified name judged once.
+    judged: dict[str | None, bool] = {}
+    found = []
+    for call, name in view.qualified_calls():
+        verdict = judged.get(name)
+        if verdict is None:
+            verdict = judged[name] = is_optimizer(name)
+        if verdict:
+            found.append(call)
+    return found
 
 
 def bound_target(tree: Tree, call: cst.Call) -> str | None:

@@ -202,6 +202,10 @@ class Tree:
         return found
 
     def calls_to(self, *names: str) -> list[cst.Call]:
+        return [call for call, name in self.qualified_calls() if name in names]
+
+    def qualified_calls(self) -> list[tuple[cst.Call, str | None]]:
+        """Every call, in source order, with `qualify(call.func)`."""
         if self._call_names is None:
             # Qualify each callee's dotted path once per tree (the imports may differ
             # between trees; the paths are the segments', reused with them).
@@ -213,7 +217,7 @@ class Tree:
                         memo[path] = self.imports.qualify(call.func)
                     pairs.append((call, memo[path]))
             self._call_names = pairs
-        return [call for call, name in self._call_names if name in names]
+        return self._call_names
 
     def within(self, container: cst.CSTNode, kind: type = cst.CSTNode) -> Iterator:
         """Nodes of `kind` inside `container`, in source order."""
@@ -293,7 +297,7 @@ class _Segment:
         "parents",
         "imports",
         "spans",
-        "_types",
+        "_by_type",
         "_kinds",
         "_calls",
         "_parent_ids",
@@ -306,7 +310,7 @@ class _Segment:
         self.imports: list[cst.CSTNode] = []
         # Each statement inside -> where its walk (itself, then its nodes) is in `inner`.
         self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
-        self._types: set[type] | None = None
+        self._by_type: dict[type, list[int]] | None = None
         self._kinds: dict[type, list[cst.CSTNode]] = {}
         self._calls: list[tuple[cst.Call, str | None]] | None = None
         self._parent_ids: list[int] | None = None
@@ -363,26 +367,43 @@ class _Segment:
         segment.statement = None
         segment.inner, segment.parents, segment.imports = nodes, [], []
         segment.spans = {}
-        segment._types, segment._kinds, segment._calls = None, {}, None
+        segment._by_type, segment._kinds, segment._calls = None, {}, None
         segment._parent_ids = None
         return segment
 
     def of_kind(self, kind: type) -> list:
         found = self._kinds.get(kind)
         if found is None:
-            # By exact type (a set lookup), not isinstance (ABCMeta's check, per node).
-            if self._types is None:
-                self._types = {type(n) for n in self.inner}
-                if self.statement is not None:
-                    self._types.add(type(self.statement))
-            kinds = {t for t in self._types if issubclass(t, kind)}
+            # By exact type (dict lookups), not isinstance (ABCMeta's check, per node);
+            # one pass groups the nodes by type, so a kind costs its own nodes, not a
+            # scan of the segment per kind asked.
+            by_type = self._types_at()
+            matches = _kind_test(kind)
+            places = [by_type[t] for t in by_type if matches(t)]
             found = []
-            if kinds:
-                if self.statement is not None and type(self.statement) in kinds:
-                    found.append(self.statement)
-                found.extend(n for n in self.inner if type(n) in kinds)
+            if self.statement is not None and matches(type(self.statement)):
+                found.append(self.statement)
+            if len(places) == 1:
+                inner = self.inner
+                found.extend([inner[i] for i in places[0]])
+            elif places:
+                inner = self.inner
+                found.extend([inner[i] for i in sorted(i for at in places for i in at)])
             self._kinds[kind] = found
         return found
+
+    def _types_at(self) -> dict[type, list[int]]:
+        """Each node type below the statement -> where its nodes are in `inner`."""
+        if self._by_type is None:
+            by_type: dict[type, list[int]] = {}
+            for index, node in enumerate(self.inner):
+                at = by_type.get(type(node))
+                if at is None:
+                    by_type[type(node)] = [index]
+                else:
+                    at.append(index)
+            self._by_type = by_type
+        return self._by_type
 
     def parent_ids(self) -> list[int]:
         """`id` of each parent in `parents` (kept with the segment, so reused with it)."""
