@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import libcst as cst
 
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
+from ddpify.codegen import node_code
 from ddpify.walk import children, walk
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Tree:
         self._order: dict[cst.CSTNode, int] | None = None
         self._nodes: list[cst.CSTNode] | None = None
         self._parent_ids: list[int] | None = None
-        self._call_names: list[tuple[cst.Call, str | None]] | None = None
+        self._call_names: list[tuple[cst.Call, str | None, str | None]] | None = None
         self.imports = ImportMap()
         # What the roles analysis searches: this tree, or every module of its project.
         self.view: Tree | ProjectView = self
@@ -202,21 +203,25 @@ class Tree:
         return found
 
     def calls_to(self, *names: str) -> list[cst.Call]:
-        return [call for call, name in self.qualified_calls() if name in names]
+        return [call for call, _, name in self.call_names() if name in names]
 
     def qualified_calls(self) -> list[tuple[cst.Call, str | None]]:
         """Every call, in source order, with `qualify(call.func)`."""
+        return [(call, qualified) for call, _, qualified in self.call_names()]
+
+    def call_names(self) -> list[tuple[cst.Call, str | None, str | None]]:
+        """Every call, in source order, with `dotted(call.func)` and `qualify(call.func)`."""
         if self._call_names is None:
             # Qualify each callee's dotted path once per tree (the imports may differ
             # between trees; the paths are the segments', reused with them).
             memo: dict[str | None, str | None] = {None: None}
-            pairs = []
+            triples = []
             for segment in self._segments:
                 for call, path in segment.call_paths():
                     if path not in memo:
                         memo[path] = self.imports.qualify(call.func)
-                    pairs.append((call, memo[path]))
-            self._call_names = pairs
+                    triples.append((call, path, memo[path]))
+            self._call_names = triples
         return self._call_names
 
     def within(self, container: cst.CSTNode, kind: type = cst.CSTNode) -> Iterator:
@@ -236,13 +241,16 @@ class Tree:
         # node is inside when its parent is the container or a node found inside (a set
         # lookup per node, not a walk up to the container per node).
         found = {id(container)}
-        matches = _kind_test(kind)
+        answers = _kind_answers(kind)
         for index in range(start, len(nodes)):
             if parent_ids[index] not in found:
                 break
             node = nodes[index]
             found.add(id(node))
-            if matches(type(node)):
+            matches = answers.get(type(node))
+            if matches is None:
+                matches = answers[type(node)] = issubclass(type(node), kind)
+            if matches:
                 yield node
 
     def _positional_parents(self) -> list[int] | None:
@@ -271,7 +279,8 @@ class Tree:
         return None
 
     def code(self, node: cst.CSTNode) -> str:
-        return self.module.code_for_node(node)
+        """`module.code_for_node(node)`, without the positions libcst records as it goes."""
+        return node_code(node, self.module.default_indent, self.module.default_newline)
 
     def functions(self) -> dict[str, cst.FunctionDef]:
         found: dict[str, cst.FunctionDef] = {}
@@ -378,10 +387,9 @@ class _Segment:
             # one pass groups the nodes by type, so a kind costs its own nodes, not a
             # scan of the segment per kind asked.
             by_type = self._types_at()
-            matches = _kind_test(kind)
-            places = [by_type[t] for t in by_type if matches(t)]
+            places = [by_type[t] for t in by_type if issubclass(t, kind)]
             found = []
-            if self.statement is not None and matches(type(self.statement)):
+            if self.statement is not None and issubclass(type(self.statement), kind):
                 found.append(self.statement)
             if len(places) == 1:
                 inner = self.inner
@@ -418,24 +426,16 @@ class _Segment:
         return self._calls
 
 
-_KIND_TESTS: dict[type, Callable[[type], bool]] = {}
+_KIND_ANSWERS: dict[type, dict[type, bool]] = {}
 
 
-def _kind_test(kind: type) -> Callable[[type], bool]:
-    """`issubclass(t, kind)`, memoised per node type: `isinstance` on libcst's ABC-based
-    classes costs a slow check per node."""
-    test = _KIND_TESTS.get(kind)
-    if test is None:
-        answers: dict[type, bool] = {}
-
-        def test(t: type) -> bool:
-            answer = answers.get(t)
-            if answer is None:
-                answer = answers[t] = issubclass(t, kind)
-            return answer
-
-        _KIND_TESTS[kind] = test
-    return test
+def _kind_answers(kind: type) -> dict[type, bool]:
+    """Node type -> `issubclass(type, kind)`, filled as types are met: `isinstance` on
+    libcst's ABC-based classes costs a slow check per node."""
+    answers = _KIND_ANSWERS.get(kind)
+    if answers is None:
+        answers = _KIND_ANSWERS[kind] = {}
+    return answers
 
 
 class _Walked:
