@@ -60,8 +60,23 @@ def _descendants(node: cst.CSTNode) -> list[cst.CSTNode]:
     return found[1:]  # the container itself is not inside
 
 
+def _from_walk(module: cst.Module) -> Tree:
+    """The tree the lint engine makes from its own walk's parent map."""
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = []
+
+    def enter(node: cst.CSTNode) -> None:
+        if stack:
+            parents[node] = stack[-1]
+        stack.append(node)
+
+    walk(module, enter, lambda _: stack.pop())
+    return Tree.from_walk(module, parents)
+
+
 def _trees() -> list[Tree]:
-    return [Tree(cst.parse_module(text)) for text in [*SCRIPTS, NESTED]]
+    modules = [cst.parse_module(text) for text in [*SCRIPTS, NESTED]]
+    return [Tree(module) for module in modules] + [_from_walk(modules[-1])]
 
 
 @pytest.mark.parametrize("tree", _trees())
