@@ -53,7 +53,8 @@ class ModuleText:
         code = self.code_of(module, node)
         known = self._comments.get(id(node))
         if known is None or known[0] is not node or known[1] != code:
-            known = (node, code, comments(code))
+            # Every comment token begins with `#`: code without one has none to count.
+            known = (node, code, comments(code) if "#" in code else Counter())
             self._comments[id(node)] = known
         return known[2]
 

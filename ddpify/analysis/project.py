@@ -362,6 +362,12 @@ class ProjectView:
     def calls_to(self, *names: str) -> list[cst.Call]:
         return [call for tree in self.trees for call in tree.calls_to(*names)]
 
+    def qualified_calls(self) -> list[tuple[cst.Call, str | None]]:
+        return [pair for tree in self.trees for pair in tree.qualified_calls()]
+
+    def call_names(self) -> list[tuple[cst.Call, str | None, str | None]]:
+        return [triple for tree in self.trees for triple in tree.call_names()]
+
     def functions(self) -> dict[str, cst.FunctionDef]:
         found: dict[str, cst.FunctionDef] = {}
         for tree in self.trees:

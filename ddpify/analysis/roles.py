@@ -95,7 +95,16 @@ def is_optimizer(qualified: str | None) -> bool:
 
 
 def _optimizer_calls(view) -> list[cst.Call]:
-    return view.find(cst.Call, lambda call: is_optimizer(view.qualify(call.func)))
+    # The view's calls qualified once (per tree), each qualified name judged once.
+    judged: dict[str | None, bool] = {}
+    found = []
+    for call, name in view.qualified_calls():
+        verdict = judged.get(name)
+        if verdict is None:
+            verdict = judged[name] = is_optimizer(name)
+        if verdict:
+            found.append(call)
+    return found
 
 
 def bound_target(tree: Tree, call: cst.Call) -> str | None:
@@ -352,14 +361,31 @@ def forward_functions(tree: Tree) -> frozenset[str]:
 def _reaching(view, calls: list[cst.Call]) -> frozenset[str]:
     """The functions that hold one of `calls`, and those that call one of them, by name."""
     found = {func.name.value for func in map(view.function, calls) if func is not None}
-    grew = True
-    while grew:
-        grew = False
-        for func in view.find(cst.FunctionDef, lambda f: f.name.value not in found):
-            if any(_callee(c) in found for c in view.within(func, cst.Call)):
-                found.add(func.name.value)
-                grew = True
+    callers = _callers_by_name(view)
+    todo = list(found)
+    while todo:  # up the call graph: each name once, not every function per round
+        for caller in callers.get(todo.pop(), ()):
+            if caller not in found:
+                found.add(caller)
+                todo.append(caller)
     return frozenset(found)
+
+
+def _callers_by_name(view) -> dict[str, set[str]]:
+    """Callee name (`_callee`) -> the names of the functions whose code holds a call to
+    it, nested functions' calls included (as `view.within(func, cst.Call)` finds them)."""
+
+    def compute() -> dict[str, set[str]]:
+        callers: dict[str, set[str]] = {}
+        for func in view.find(cst.FunctionDef):
+            name = func.name.value
+            for call in view.within(func, cst.Call):
+                callee = _callee(call)
+                if callee is not None:
+                    callers.setdefault(callee, set()).add(name)
+        return callers
+
+    return view_cached(view, "callers_by_name", compute)
 
 
 def _callee(call: cst.Call) -> str | None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import libcst as cst
 
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
+from ddpify.codegen import node_code
 from ddpify.walk import children, walk
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ class Tree:
         self._by_kind: dict[type, list[cst.CSTNode]] = {}
         self._order: dict[cst.CSTNode, int] | None = None
         self._nodes: list[cst.CSTNode] | None = None
-        self._call_names: list[tuple[cst.Call, str | None]] | None = None
+        self._parent_ids: list[int] | None = None
+        self._call_names: list[tuple[cst.Call, str | None, str | None]] | None = None
         self.imports = ImportMap()
         # What the roles analysis searches: this tree, or every module of its project.
         self.view: Tree | ProjectView = self
@@ -72,6 +74,7 @@ class Tree:
         tree._by_kind = {}
         tree._order = None
         tree._nodes = None
+        tree._parent_ids = None
         tree._call_names = None
         tree.view = tree
         tree.parent = parents  # read only, like the engine's own use of it
@@ -200,28 +203,73 @@ class Tree:
         return found
 
     def calls_to(self, *names: str) -> list[cst.Call]:
+        return [call for call, _, name in self.call_names() if name in names]
+
+    def qualified_calls(self) -> list[tuple[cst.Call, str | None]]:
+        """Every call, in source order, with `qualify(call.func)`."""
+        return [(call, qualified) for call, _, qualified in self.call_names()]
+
+    def call_names(self) -> list[tuple[cst.Call, str | None, str | None]]:
+        """Every call, in source order, with `dotted(call.func)` and `qualify(call.func)`."""
         if self._call_names is None:
             # Qualify each callee's dotted path once per tree (the imports may differ
             # between trees; the paths are the segments', reused with them).
             memo: dict[str | None, str | None] = {None: None}
-            pairs = []
+            triples = []
             for segment in self._segments:
                 for call, path in segment.call_paths():
                     if path not in memo:
                         memo[path] = self.imports.qualify(call.func)
-                    pairs.append((call, memo[path]))
-            self._call_names = pairs
-        return [call for call, name in self._call_names if name in names]
+                    triples.append((call, path, memo[path]))
+            self._call_names = triples
+        return self._call_names
 
     def within(self, container: cst.CSTNode, kind: type = cst.CSTNode) -> Iterator:
         """Nodes of `kind` inside `container`, in source order."""
         nodes = self.nodes
-        for index in range(self.order[container] + 1, len(nodes)):
-            node = nodes[index]
-            if not self.inside(node, container):
+        start = self.order[container] + 1
+        parent_ids = self._positional_parents()
+        if parent_ids is None:  # a node occurs twice: ask `inside`, as the parent map says
+            for index in range(start, len(nodes)):
+                node = nodes[index]
+                if not self.inside(node, container):
+                    break
+                if isinstance(node, kind):
+                    yield node
+            return
+        # In pre-order the nodes inside `container` follow it, each after its parent: a
+        # node is inside when its parent is the container or a node found inside (a set
+        # lookup per node, not a walk up to the container per node).
+        found = {id(container)}
+        answers = _kind_answers(kind)
+        for index in range(start, len(nodes)):
+            if parent_ids[index] not in found:
                 break
-            if isinstance(node, kind):
+            node = nodes[index]
+            found.add(id(node))
+            matches = answers.get(type(node))
+            if matches is None:
+                matches = answers[type(node)] = issubclass(type(node), kind)
+            if matches:
                 yield node
+
+    def _positional_parents(self) -> list[int] | None:
+        """The id of each node's parent, aligned with `nodes` (0 for the module), or None
+        when some node occurs twice (the parent map then keeps only its last parent)."""
+        if self._parent_ids is None:
+            nodes = self.nodes
+            if len(self.order) != len(nodes):
+                return None
+            ids = [0]
+            module_id = id(self.module)
+            for segment in self._segments:
+                if segment.statement is None:  # a flat segment: the parent map is in order
+                    ids.extend(id(self.parent[node]) for node in segment.inner)
+                else:
+                    ids.append(module_id)
+                    ids.extend(segment.parent_ids())
+            self._parent_ids = ids
+        return self._parent_ids
 
     def alias_for(self, qualified: str) -> str | None:
         """The local name an import binds to `qualified` (e.g. `dist`), if any."""
@@ -231,7 +279,8 @@ class Tree:
         return None
 
     def code(self, node: cst.CSTNode) -> str:
-        return self.module.code_for_node(node)
+        """`module.code_for_node(node)`, without the positions libcst records as it goes."""
+        return node_code(node, self.module.default_indent, self.module.default_newline)
 
     def functions(self) -> dict[str, cst.FunctionDef]:
         found: dict[str, cst.FunctionDef] = {}
@@ -257,9 +306,10 @@ class _Segment:
         "parents",
         "imports",
         "spans",
-        "_types",
+        "_by_type",
         "_kinds",
         "_calls",
+        "_parent_ids",
     )
 
     def __init__(self, statement: cst.CSTNode, walked: _Walked | None = None) -> None:
@@ -269,9 +319,10 @@ class _Segment:
         self.imports: list[cst.CSTNode] = []
         # Each statement inside -> where its walk (itself, then its nodes) is in `inner`.
         self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
-        self._types: set[type] | None = None
+        self._by_type: dict[type, list[int]] | None = None
         self._kinds: dict[type, list[cst.CSTNode]] = {}
         self._calls: list[tuple[cst.Call, str | None]] | None = None
+        self._parent_ids: list[int] | None = None
         if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
             self.imports.append(statement)
         self._walk(statement, walked)
@@ -325,31 +376,66 @@ class _Segment:
         segment.statement = None
         segment.inner, segment.parents, segment.imports = nodes, [], []
         segment.spans = {}
-        segment._types, segment._kinds, segment._calls = None, {}, None
+        segment._by_type, segment._kinds, segment._calls = None, {}, None
+        segment._parent_ids = None
         return segment
 
     def of_kind(self, kind: type) -> list:
         found = self._kinds.get(kind)
         if found is None:
-            # By exact type (a set lookup), not isinstance (ABCMeta's check, per node).
-            if self._types is None:
-                self._types = {type(n) for n in self.inner}
-                if self.statement is not None:
-                    self._types.add(type(self.statement))
-            kinds = {t for t in self._types if issubclass(t, kind)}
+            # By exact type (dict lookups), not isinstance (ABCMeta's check, per node);
+            # one pass groups the nodes by type, so a kind costs its own nodes, not a
+            # scan of the segment per kind asked.
+            by_type = self._types_at()
+            places = [by_type[t] for t in by_type if issubclass(t, kind)]
             found = []
-            if kinds:
-                if self.statement is not None and type(self.statement) in kinds:
-                    found.append(self.statement)
-                found.extend(n for n in self.inner if type(n) in kinds)
+            if self.statement is not None and issubclass(type(self.statement), kind):
+                found.append(self.statement)
+            if len(places) == 1:
+                inner = self.inner
+                found.extend([inner[i] for i in places[0]])
+            elif places:
+                inner = self.inner
+                found.extend([inner[i] for i in sorted(i for at in places for i in at)])
             self._kinds[kind] = found
         return found
+
+    def _types_at(self) -> dict[type, list[int]]:
+        """Each node type below the statement -> where its nodes are in `inner`."""
+        if self._by_type is None:
+            by_type: dict[type, list[int]] = {}
+            for index, node in enumerate(self.inner):
+                at = by_type.get(type(node))
+                if at is None:
+                    by_type[type(node)] = [index]
+                else:
+                    at.append(index)
+            self._by_type = by_type
+        return self._by_type
+
+    def parent_ids(self) -> list[int]:
+        """`id` of each parent in `parents` (kept with the segment, so reused with it)."""
+        if self._parent_ids is None:
+            self._parent_ids = list(map(id, self.parents))
+        return self._parent_ids
 
     def call_paths(self) -> list[tuple[cst.Call, str | None]]:
         """Each call and its callee's dotted path (`dist.barrier`), in source order."""
         if self._calls is None:
             self._calls = [(call, dotted(call.func)) for call in self.of_kind(cst.Call)]
         return self._calls
+
+
+_KIND_ANSWERS: dict[type, dict[type, bool]] = {}
+
+
+def _kind_answers(kind: type) -> dict[type, bool]:
+    """Node type -> `issubclass(type, kind)`, filled as types are met: `isinstance` on
+    libcst's ABC-based classes costs a slow check per node."""
+    answers = _KIND_ANSWERS.get(kind)
+    if answers is None:
+        answers = _KIND_ANSWERS[kind] = {}
+    return answers
 
 
 class _Walked:

@@ -84,8 +84,8 @@ def _add_rank_constant(tree: Tree, plan: Plan, edits: Edits) -> None:
 def _writers(tree: Tree, plan: Plan, edits: Edits, rank: str) -> set[str]:
     """`writer = SummaryWriter(...)` -> created on rank 0 only (None elsewhere)."""
     names = set()
-    for call in tree.find(cst.Call):
-        name = tree.qualify(call.func) or dotted(call.func) or ""
+    for call, path, qualified in tree.call_names():
+        name = qualified or path or ""
         if name.rsplit(".", 1)[-1] not in WRITER_CLASSES:
             continue
         statement = tree.statement(call)
@@ -110,8 +110,8 @@ def _writer_aliases(tree: Tree) -> set[str]:
     read in another module as `tb_logger = self.config.tb_logger`): the names in this
     module bound to, or spelled as, an attribute of that name anywhere in the project."""
     attributes = set()
-    for call in tree.view.find(cst.Call):
-        name = tree.view.qualify(call.func) or dotted(call.func) or ""
+    for call, path, qualified in tree.view.call_names():
+        name = qualified or path or ""
         if name.rsplit(".", 1)[-1] not in WRITER_CLASSES:
             continue
         statement = tree.view.statement(call)
