@@ -14,12 +14,14 @@ from ddpify.analysis.batch_norm import may_hold_batch_norm
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
+    data_parallel_subclasses,
     project_optimizer_calls,
     ranged_collection,
     returned_into_trained,
     stored_models,
     trained_model_names,
     trained_owners,
+    wrapper_receivers,
 )
 from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, mentions
@@ -35,7 +37,6 @@ from ddpify.migrate.analyze import (
     bound_target,
     model_names,
     optimizer_calls,
-    propagate,
 )
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.entrypoint import runs_on_cuda
@@ -121,6 +122,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
     # the lists and dicts whose models are wrapped one by one -> the class a dict is given
     # back to ("" for a list or a plain dict)
     lists: dict[str, str] = {}
+    if plan.shape in (Shape.DATA_PARALLEL, Shape.SINGLE):
+        _refuse_data_parallel_subclass(tree)
     if plan.shape is Shape.DATA_PARALLEL:
         wrapped += _replace_data_parallel(tree, plan, edits)
     elif plan.shape is Shape.SINGLE:
@@ -144,6 +147,36 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
         _note_batch_norm_on_cpu(tree, plan, [name for name, _ in wrapped])
     return edits
+
+
+def _refuse_data_parallel_subclass(tree: Tree) -> None:
+    """A trained model wrapped in a DataParallel subclass of the project (a sync-BatchNorm
+    package's `DataParallelWithCallback`), perhaps on one branch beside a plain
+    DataParallel: DDP over it would still replicate the model over the machine's GPUs in
+    every process, so the migration stops and names the wrap."""
+    subclasses = data_parallel_subclasses(tree)
+    if not subclasses:
+        return
+    models = model_names(tree)
+    for call in tree.find(cst.Call):
+        cls = (dotted(call.func) or "").rsplit(".", 1)[-1]
+        if cls not in subclasses or not call.args:
+            continue
+        inner = dotted(call.args[0].value)
+        if inner not in models and bound_target(tree, call) not in models:
+            continue
+        line = _first_line(tree.code(tree.statement(call)))
+        func, owner = tree.function(call), class_of(tree, call)
+        where = f" (in `{func.name.value}`" if func is not None else ""
+        where += f" of `{owner.name.value}`)" if owner is not None else ")" if where else ""
+        raise NotMigrated(
+            Shape.DATA_PARALLEL,
+            f"`{(line or '').strip()}`{where} wraps the trained model in `{cls}`, a DataParallel "
+            "subclass of the project, which ddpify does not replace (DDP around it would "
+            "still replicate the model over the GPUs inside every process); wrap the model "
+            "in DistributedDataParallel there instead (its replica callbacks are not needed "
+            "with one GPU per process) and migrate again",
+        )
 
 
 def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
@@ -904,11 +937,13 @@ def _read_through_module(
 def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
     """A helper module's functions handed the wrapped model (`save(model, path)` called
     from the entry script) reach its attributes through `.module` too."""
-    helpers = propagate(tree, _wrapper_names(tree, plan))
+    helpers = wrapper_receivers(tree, _wrapper_names(tree, plan))
     for attr in tree.find(cst.Attribute):
         receiver = dotted(attr.value)
         func = tree.function(attr)
-        if receiver not in helpers or func is None or attr.attr.value in MODULE_API:
+        if func is None or attr.attr.value in MODULE_API:
+            continue
+        if receiver not in helpers.get(func.name.value, ()):
             continue
         if receiver not in [p.name.value for p in func.params.params]:
             continue
@@ -982,10 +1017,10 @@ def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attri
     """`name.attr` nodes that run after `statement` wrapped `name`."""
     if name.startswith("self."):
         container = class_of(tree, statement) or tree.module
-        helpers: set[str] = set()
+        helpers: dict[str, set[str]] = {}
     else:
         container = tree.scope(statement)
-        helpers = propagate(tree, {name}) & model_names(tree)
+        helpers = wrapper_receivers(tree, {name})
     found = []
     for attr in tree.find(cst.Attribute):
         receiver = dotted(attr.value)
@@ -995,8 +1030,10 @@ def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attri
         if receiver == name and tree.inside(attr, container) and later:
             if tree.scope(attr) is container or name.startswith("self."):
                 found.append(attr)
-        elif receiver in helpers and tree.function(attr) is not None:
+        elif tree.function(attr) is not None:
             func = tree.function(attr)
+            if receiver not in helpers.get(func.name.value, ()):  # type: ignore[union-attr]
+                continue
             if receiver in [p.name.value for p in func.params.params]:  # type: ignore[union-attr]
                 found.append(attr)
     return [a for a in found if not _is_call_target_of_wrapper(tree, a)]
