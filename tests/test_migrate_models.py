@@ -119,3 +119,61 @@ def test_a_dataparallel_subclass_around_the_trained_model_is_refused_by_name():
     assert not result.migrated
     assert "`model = DataParallelWithCallback(model)` (in `main`)" in result.reason
     assert "DataParallel subclass of the project" in result.reason
+
+
+GAN_BY_KEY = (FIXTURES / "migrate" / "gan_dict_by_key" / "before.py").read_text()
+
+
+def test_each_model_of_a_dict_trained_by_key_is_wrapped_and_the_ema_copy_stays_plain():
+    result = migrate_source(GAN_BY_KEY, "train.py")
+    assert result.migrated, result.reason
+    out = result.output
+    wrap = out.index("nets = Munch({name: DDP(net, ")
+    # The EMA copy is made of the plain generator, before the wrap; the optimizers train
+    # the same parameters either side of it.
+    assert out.index("generator_ema = copy.deepcopy(nets.generator)") < wrap
+    assert "generator_ema = DDP(" not in out
+
+
+def test_a_dict_comprehension_of_optimizers_by_key_wraps_each_model():
+    source = GAN_BY_KEY.replace(
+        "    optims = Munch()\n    for net in nets.keys():\n"
+        "        optims[net] = torch.optim.Adam(nets[net].parameters(), lr=args.lr, "
+        "betas=(0.5, 0.999))\n",
+        "    optims = Munch({net: torch.optim.Adam(nets[net].parameters(), lr=args.lr) "
+        "for net in nets})\n",
+    )
+    assert source != GAN_BY_KEY
+    result = migrate_source(source, "train.py")
+    assert result.migrated, result.reason
+    assert "nets = Munch({name: DDP(net, " in result.output
+
+
+def test_a_loop_that_skips_some_keys_is_refused_naming_the_skip():
+    source = GAN_BY_KEY.replace(
+        "    for net in nets.keys():\n",
+        '    for net in nets.keys():\n        if net == "frozen":\n            continue\n',
+    )
+    result = migrate_source(source, "train.py")
+    assert not result.migrated
+    assert 'trains only the items of `nets` that `if net == "frozen":` lets through' in (
+        result.reason
+    )
+
+
+def test_a_dict_of_models_a_helper_returns_is_refused_naming_the_helper():
+    source = GAN_BY_KEY.replace(
+        "    nets = Munch(generator=Generator(4, 6).to(device), "
+        "discriminator=Discriminator(6).to(device))\n",
+        "    nets, nets_ema = build_nets(device)\n",
+    ).replace(
+        "def main(args):",
+        "def build_nets(device):\n"
+        "    nets = Munch(generator=Generator(4, 6).to(device), "
+        "discriminator=Discriminator(6).to(device))\n"
+        "    return nets, Munch(generator=copy.deepcopy(nets.generator))\n\n\n"
+        "def main(args):",
+    )
+    result = migrate_source(source, "train.py")
+    assert not result.migrated
+    assert "`nets` comes from `build_nets(device)`" in result.reason

@@ -180,6 +180,8 @@ def trained_owners(view, optimizer: cst.Call) -> list[str]:
     filter(lambda p: p.requires_grad, model.parameters())`, parameter groups on either
     branch of an if/else) or, for a parameter of a factory, to what its callers pass."""
     owners = parameter_owners(optimizer) + collection_owners(optimizer)
+    if not owners and _builds_optimizer(view, optimizer):
+        owners = keyed_collection_owners(view, optimizer)
     if owners:
         return owners
     for value in _parameters_given(view, optimizer):
@@ -202,6 +204,52 @@ def trained_owners(view, optimizer: cst.Call) -> list[str]:
 
 def _builds_optimizer(view, call: cst.Call) -> bool:
     return is_optimizer(view.qualify(call.func)) or _chosen_optimizer(view, call)
+
+
+def keyed_collection_owners(view, optimizer: cst.Call) -> list[str]:
+    """The dicts (or lists) whose items `optimizer` trains by key: `nets` for
+    `optims[k] = Adam(nets[k].parameters())` in `for k in nets:` (or `nets.keys()`,
+    `range(len(nets))`), and in `{k: Adam(nets[k].parameters()) for k in nets}`. Every
+    item the loop reaches is trained (the caller checks whether the loop skips some)."""
+    owners: list[str] = []
+    for call in view.within(optimizer, cst.Call):
+        if method_name(call) not in PARAMETER_METHODS:
+            continue
+        item = call.func.value  # type: ignore[attr-defined]
+        if not (isinstance(item, cst.Subscript) and len(item.slice) == 1):
+            continue
+        key = item.slice[0].slice
+        collection = dotted(item.value)
+        if not (isinstance(key, cst.Index) and isinstance(key.value, cst.Name)) or not collection:
+            continue
+        if keys_loop(view, optimizer, key.value.value, collection) and collection not in owners:
+            owners.append(collection)
+    return owners
+
+
+def keys_loop(view, node: cst.CSTNode, key: str, collection: str) -> cst.CSTNode | None:
+    """The loop (statement or comprehension clause) around `node` that binds `key` to the
+    keys of `collection`: `for key in collection`, `collection.keys()`,
+    `range(len(collection))`."""
+    current = view.parent.get(node)
+    while current is not None and not isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+        clause = current.for_in if isinstance(current, COMPREHENSIONS) else current
+        if isinstance(clause, (cst.CompFor, cst.For)) and dotted(clause.target) == key:
+            return clause if _keys_of(clause.iter) == collection else None
+        current = view.parent.get(current)
+    return None
+
+
+def _keys_of(iterable: cst.BaseExpression) -> str | None:
+    if not isinstance(iterable, cst.Call):
+        return dotted(iterable)
+    if isinstance(iterable.func, cst.Attribute) and iterable.func.attr.value == "keys":
+        return dotted(iterable.func.value) if not iterable.args else None
+    if dotted(iterable.func) == "range" and len(iterable.args) == 1:
+        inner = iterable.args[0].value
+        if isinstance(inner, cst.Call) and dotted(inner.func) == "len" and len(inner.args) == 1:
+            return dotted(inner.args[0].value)
+    return None
 
 
 def _parameters_given(view, optimizer: cst.Call) -> list[cst.BaseExpression]:

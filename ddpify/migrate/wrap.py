@@ -15,6 +15,8 @@ from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
     data_parallel_subclasses,
+    keyed_collection_owners,
+    keys_loop,
     project_optimizer_calls,
     ranged_collection,
     returned_into_trained,
@@ -605,6 +607,10 @@ def _trained_bindings(
             if owner in collection_owners(optimizer):  # `Adam(nets["g"].parameters())`
                 collection = owner
                 element, containers[owner] = _item_names(tree, owner, optimizer)
+            elif owner in keyed_collection_owners(tree.view, optimizer):  # `nets[k]`, by key
+                _refuse_items_out_of_reach(tree, owner, optimizer)
+                collection = owner
+                element, containers[owner] = _item_names(tree, owner, optimizer)
             mapping = _mapping_item(tree, owner, optimizer)
             if collection is None and mapping is not None:  # `nets.generator`
                 collection, element = mapping[0], "name, net"
@@ -631,6 +637,113 @@ def _trained_bindings(
     return found
 
 
+def _refuse_items_out_of_reach(tree: Tree, collection: str, optimizer: cst.Call) -> None:
+    """`optims[k] = Adam(nets[k].parameters())` over the keys of `nets`: each item is
+    wrapped where the dict is built, so the dict must be built in this function (not
+    returned by a helper that may also copy its models, for an EMA), and the loop must
+    train every item (not skip some with `continue` or an `if`)."""
+    line = _first_line(tree.code(tree.statement(optimizer)))
+    binding = _binding(tree, collection, optimizer)
+    elsewhere = binding is not None and tree.scope(binding) is not tree.scope(optimizer)
+    if binding is None or (elsewhere and not collection.startswith("self.")):
+        binding = _unpacked_binding(tree, collection, optimizer) or binding
+    small = _small(binding) if binding is not None else None
+    value = small.value if isinstance(small, cst.Assign) else None
+    if isinstance(value, cst.Call) and _mapping_class(value) is None:
+        made_by = _first_line(tree.code(value))
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"`{line}` trains the models of `{collection}` by key, and `{collection}` comes "
+            f"from `{made_by}` (`{_first_line(tree.code(binding))}`), which builds them "
+            "elsewhere; ddpify wraps the items of a dict only where the dict is built: wrap "
+            "each trained module in DistributedDataParallel once it is on its device "
+            f"({_where_to_wrap(tree) or 'where it is built'}), keep the copies made of it "
+            "(an EMA's deepcopy) copies of the plain module, and migrate again",
+        )
+    loop = keys_loop(tree.view, optimizer, _key_of(optimizer, collection) or "", collection)
+    skip = _skipping(tree, loop, optimizer) if loop is not None else None
+    if skip is not None:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"`{line}` trains only the items of `{collection}` that "
+            f"`{_first_line(tree.code(skip))}` lets through; ddpify wraps every item of a "
+            "dict, and DDP over an item no optimizer trains fails (or trains it apart on "
+            "each rank): wrap the trained ones in DistributedDataParallel by name",
+        )
+
+
+def _unpacked_binding(tree: Tree, name: str, near: cst.CSTNode) -> cst.BaseStatement | None:
+    """`self.nets, self.nets_ema = build_model(args)`: the statement that unpacks `name`
+    (in the function of `near` for a plain name)."""
+    for assign in tree.find(cst.Assign):
+        if not name.startswith("self.") and tree.scope(assign) is not tree.scope(near):
+            continue
+        for target in assign.targets:
+            if isinstance(target.target, cst.Tuple) and any(
+                dotted(e.value) == name for e in target.target.elements
+            ):
+                return tree.statement(assign)
+    return None
+
+
+def _key_of(optimizer: cst.Call, collection: str) -> str | None:
+    """`k` in `Adam(nets[k].parameters())`."""
+    for arg in optimizer.args:
+        for sub in _subscripts(arg.value):
+            key = sub.slice[0].slice if len(sub.slice) == 1 else None
+            if dotted(sub.value) == collection and isinstance(key, cst.Index):
+                return dotted(key.value)
+    return None
+
+
+def _subscripts(node: cst.CSTNode) -> list[cst.Subscript]:
+    found = [node] if isinstance(node, cst.Subscript) else []
+    for child in node.children:
+        found += _subscripts(child)
+    return found
+
+
+def _skipping(tree: Tree, loop: cst.CSTNode, optimizer: cst.Call) -> cst.CSTNode | None:
+    """What lets only some keys through to the optimizer: an `if` between the loop and
+    it (a comprehension's `if` clause too), or a `continue` in the loop before it."""
+    if isinstance(loop, cst.CompFor) and loop.ifs:
+        return loop.ifs[0]
+    current = tree.parent.get(optimizer)
+    while current is not None and current is not loop:
+        if isinstance(current, cst.If):
+            return current
+        current = tree.parent.get(current)
+    if isinstance(loop, cst.For):
+        statement = tree.statement(optimizer)
+        for node in tree.within(loop, cst.Continue):
+            if not tree.after(node, statement):
+                return _enclosing_if(tree, node, loop) or tree.statement(node)
+    return None
+
+
+def _enclosing_if(tree: Tree, node: cst.CSTNode, loop: cst.CSTNode) -> cst.If | None:
+    current = tree.parent.get(node)
+    while current is not None and current is not loop:
+        if isinstance(current, cst.If):
+            return current
+        current = tree.parent.get(current)
+    return None
+
+
+def _where_to_wrap(tree: Tree) -> str | None:
+    """`in place of `nn.DataParallel(G(...))` in `build_model` and 4 more`: where the
+    project's DataParallel wraps are, the places for DDP wraps; None without any."""
+    view = tree.view
+    parallel = view.calls_to(DATA_PARALLEL)
+    if not parallel:
+        return None
+    first = parallel[0]
+    func = view.function(first)
+    inside = f" in `{func.name.value}`" if func is not None else ""
+    more = f" and {len(parallel) - 1} more" if len(parallel) > 1 else ""
+    return f"in place of `{_first_line(view.code(first))}`{inside}{more}"
+
+
 def _refuse_untraced_parameters(tree: Tree, optimizer: cst.Call) -> None:
     """An optimizer whose parameters ddpify cannot trace to a module (`Adam(params=
     self.nets[net].parameters())` over the keys of a dict a helper returns): the modules
@@ -639,15 +752,7 @@ def _refuse_untraced_parameters(tree: Tree, optimizer: cst.Call) -> None:
     line = _first_line(tree.code(tree.statement(optimizer)))
     params = optimizer.args[0].value if optimizer.args else None
     trains = f" `{tree.code(params)}`" if params is not None else ""
-    where = "where each trained module is built"
-    view = tree.view
-    parallel = view.calls_to(DATA_PARALLEL)
-    if parallel:
-        first = parallel[0]
-        func = view.function(first)
-        inside = f" in `{func.name.value}`" if func is not None else ""
-        more = f" and {len(parallel) - 1} more" if len(parallel) > 1 else ""
-        where = f"in place of `{_first_line(view.code(first))}`{inside}{more}"
+    where = _where_to_wrap(tree) or "where each trained module is built"
     raise NotMigrated(
         Shape.UNKNOWN,
         f"`{line}` trains{trains}, which ddpify cannot trace to the modules it builds, so "
@@ -801,6 +906,8 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
             and method_name(call) in PREPARES
         ):
             return True
+    if any(_deep_copy_of(tree, call, target) for call in tree.within(stmt, cst.Call)):
+        return True  # `ema = copy.deepcopy(model)`: an EMA copy of the plain module
     # `AdamW(model.get_parameters())`: a parameter-group method of the model's own class
     # is not an attribute of the DDP wrapper, so that optimizer is built before the wrap
     # (it sees the same parameters either way).
@@ -808,6 +915,15 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
         not parameter_owners(call) and target in trained_owners(tree.view, call)
         for call in tree.within(stmt, cst.Call)
     )
+
+
+def _deep_copy_of(tree: Tree, call: cst.Call, target: str) -> bool:
+    """`copy.deepcopy(model)`, `deepcopy(nets["g"])`: a copy (an EMA's) of the target or
+    one of its items, which must be made before the wrap to stay a plain module."""
+    if tree.qualify(call.func) != "copy.deepcopy" or not call.args:
+        return False
+    copied = call.args[0].value
+    return dotted(copied) == target or _item_of(copied, target)
 
 
 def _item_of(expr: cst.BaseExpression, target: str) -> bool:
