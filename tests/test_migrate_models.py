@@ -114,8 +114,19 @@ if __name__ == "__main__":
 '''
 
 
-def test_a_dataparallel_subclass_around_the_trained_model_is_refused_by_name():
+def test_a_dataparallel_subclass_beside_torchs_becomes_one_ddp_wrap_after_the_if():
     result = migrate_source(SYNC_BN_WRAPPER, "train.py")
+    assert result.migrated, result.reason
+    out = result.output
+    assert "DataParallelWithCallback(model)" not in out and "nn.DataParallel(model)" not in out
+    assert out.count("model = DDP(model") == 1
+    assert out.count("convert_sync_batchnorm(model)") == 1
+    assert out.index("convert_sync_batchnorm(model)") < out.index("model = DDP(model")
+
+
+def test_a_dataparallel_subclass_alone_around_the_trained_model_is_refused_by_name():
+    source = SYNC_BN_WRAPPER.replace("    else:\n        model = nn.DataParallel(model)\n", "")
+    result = migrate_source(source, "train.py")
     assert not result.migrated
     assert "`model = DataParallelWithCallback(model)` (in `main`)" in result.reason
     assert "DataParallel subclass of the project" in result.reason

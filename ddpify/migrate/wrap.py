@@ -124,7 +124,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
     # the lists and dicts whose models are wrapped one by one -> the class a dict is given
     # back to ("" for a list or a plain dict)
     lists: dict[str, str] = {}
-    if plan.shape in (Shape.DATA_PARALLEL, Shape.SINGLE):
+    if plan.shape is Shape.SINGLE:
         _refuse_data_parallel_subclass(tree)
     if plan.shape is Shape.DATA_PARALLEL:
         wrapped += _replace_data_parallel(tree, plan, edits)
@@ -151,22 +151,38 @@ def run(tree: Tree, plan: Plan) -> Edits:
     return edits
 
 
+def _data_parallel_calls(tree: Tree) -> list[cst.Call]:
+    """torch's DataParallel calls, and those of the project's DataParallel subclasses
+    around a model (a sync-BatchNorm package's `DataParallelWithCallback` on one branch,
+    torch's on the other): each becomes DDP alike (with one GPU per process there are no
+    replicas for its callbacks)."""
+    return sorted(
+        tree.calls_to(DATA_PARALLEL) + _subclass_calls(tree), key=lambda call: tree.order[call]
+    )
+
+
+def _subclass_calls(tree: Tree) -> list[cst.Call]:
+    """Calls of a DataParallel subclass of the project around one of the model names."""
+    subclasses = data_parallel_subclasses(tree)
+    if not subclasses:
+        return []
+    models = model_names(tree)
+    return [
+        call
+        for call in tree.find(cst.Call)
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] in subclasses
+        and call.args
+        and (dotted(call.args[0].value) in models or bound_target(tree, call) in models)
+    ]
+
+
 def _refuse_data_parallel_subclass(tree: Tree) -> None:
     """A trained model wrapped in a DataParallel subclass of the project (a sync-BatchNorm
     package's `DataParallelWithCallback`), perhaps on one branch beside a plain
     DataParallel: DDP over it would still replicate the model over the machine's GPUs in
     every process, so the migration stops and names the wrap."""
-    subclasses = data_parallel_subclasses(tree)
-    if not subclasses:
-        return
-    models = model_names(tree)
-    for call in tree.find(cst.Call):
+    for call in _subclass_calls(tree):
         cls = (dotted(call.func) or "").rsplit(".", 1)[-1]
-        if cls not in subclasses or not call.args:
-            continue
-        inner = dotted(call.args[0].value)
-        if inner not in models and bound_target(tree, call) not in models:
-            continue
         line = _first_line(tree.code(tree.statement(call)))
         func, owner = tree.function(call), class_of(tree, call)
         where = f" (in `{func.name.value}`" if func is not None else ""
@@ -266,7 +282,7 @@ def _device_ids_when(tree: Tree, test: cst.BaseExpression, on_cuda: bool, moved:
 
 def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
     wrapped = []
-    for call in tree.calls_to(DATA_PARALLEL):
+    for call in _data_parallel_calls(tree):
         if not call.args:
             continue
         outer = _chain_top(tree, call)
@@ -469,7 +485,10 @@ def _wrap_after_condition(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, 
         if len(owner.body.body) == 1 and owner.orelse is None:
             edits.removed.add(owner)
     place = _last_preparation(tree, target, owner)
-    if _wants_sync_bn(tree, plan, target):
+    # DataParallel on both branches: one conversion and one wrap after the `if`.
+    placed = [cst.Module([]).code_for_node(s) for s in edits.after[place]]
+    sync = cst.Module([]).code_for_node(snippets.statement(SYNC_BN.format(model=target)))
+    if _wants_sync_bn(tree, plan, target) and sync not in placed:
         edits.after[place].append(_sync_bn(plan, target))
     in_body = owner.orelse is None and tree.inside(statement, owner.body)
     ids = _device_ids_when(tree, owner.test, True, suffix) if in_body else None
