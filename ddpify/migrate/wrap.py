@@ -674,7 +674,8 @@ def _refuse_items_out_of_reach(tree: Tree, collection: str, optimizer: cst.Call)
             Shape.UNKNOWN,
             f"`{line}` trains the models of `{collection}` by key, and `{collection}` comes "
             f"from `{made_by}` (`{_first_line(tree.code(binding))}`), which builds them "
-            "elsewhere; ddpify wraps the items of a dict only where the dict is built: wrap "
+            "elsewhere, so ddpify cannot wrap them (each rank would train its own copy): it "
+            "wraps the items of a dict only where the dict is built; wrap "
             "each trained module in DistributedDataParallel once it is on its device "
             f"({_where_to_wrap(tree) or 'where it is built'}), keep the copies made of it "
             "(an EMA's deepcopy) copies of the plain module, and migrate again",
