@@ -151,10 +151,10 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def test_no_sharding_without_a_model_to_wrap(tmp_path):
-    """An optimizer whose class the configuration chooses is not read as one: the only
-    one found is a demo's, no trained model is wrapped, and sharding the data alone would
-    train a model per rank. Refused, saying so."""
+def test_a_configured_optimizer_is_read_and_a_demos_is_not(tmp_path):
+    """An optimizer whose class the configuration chooses from torch.optim is one: the
+    model it trains is wrapped where the loader is sharded; the SGD of a helper module's
+    `__main__` demo never runs on import, so its model is left alone."""
     work = _copy(tmp_path)
     _edit(
         work / "base" / "base_trainer.py",
@@ -167,12 +167,10 @@ def test_no_sharding_without_a_model_to_wrap(tmp_path):
             "    net = TinySegNet(2)\n    sgd = torch.optim.SGD(net.parameters(), lr=0.1)\n"
         )
     migration = migrate_project(load_project(work / "train.py"), "train.py")
-    assert not migration.migrated
-    reason = migration.entry.reason
-    assert "could be sharded in `BaseDataLoader`" in reason
-    assert "the only optimizer it reads, `torch.optim.SGD(net.parameters(), lr=0.1)`" in reason
-    assert 'the optimizer `getattr(torch.optim, config["optimizer"]["type"])' in reason
-    assert "chosen at run time from torch.optim" in reason
+    assert migration.migrated, migration.entry.reason
+    outputs = {result.filename: result.output for result in migration.results}
+    assert "self.model = DDP(self.model" in outputs["base/base_trainer.py"]
+    assert "DDP" not in outputs.get("models.py", "")
 
 
 def test_a_sampler_the_base_draws_with_that_ddpify_cannot_shard_is_refused(tmp_path):

@@ -232,6 +232,7 @@ def test_an_optimizer_over_modules_it_cannot_trace_is_refused_naming_the_wraps()
     results = migrate_sources(texts)
     assert not any(result.migrated for result in results)
     reason = results[0].reason
-    assert "trains `self.nets[net].parameters()`" in reason
+    assert "trains the models of `self.nets` by key" in reason
+    assert "`self.nets` comes from `build_model()`" in reason
     assert "each rank would train its own copy" in reason
     assert "`nn.DataParallel(nn.Linear(2, 2))` in `build_model` and 1 more" in reason

@@ -62,3 +62,19 @@ def enclosing_top_level_unit(
     if len(ancestors) > 1 and isinstance(ancestors[1], _UNITS):
         return ancestors[1]
     return None
+
+
+def in_imported_main_block(view, node: cst.CSTNode) -> bool:
+    """Whether `node` lies under the `if __name__ == "__main__":` block of a module that
+    the entry script imports (a demo at the end of `utils/lr_scheduler.py` that builds a
+    resnet and an SGD to plot the schedule): that code never runs in the project's run,
+    so its models, optimizers and loops are not the project's. `view`: a Tree (one
+    module, its own entry: nothing excluded) or a ProjectView (the entry comes first)."""
+    trees = getattr(view, "trees", None)
+    if not trees:
+        return False
+    tree = view.owner(node)
+    if tree is None or tree is trees[0]:
+        return False
+    guards = tree.__dict__.setdefault("_main_guard", [tree.main_guard()])
+    return guards[0] is not None and tree.inside(node, guards[0])

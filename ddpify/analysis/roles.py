@@ -22,6 +22,7 @@ from ddpify.analysis.fetchers import fetched_loaders
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.reachability import in_imported_main_block
 from ddpify.analysis.trained import PARAMETER_METHODS, collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.unsplittable import unsplittable_step
@@ -102,9 +103,30 @@ def _optimizer_calls(view) -> list[cst.Call]:
         verdict = judged.get(name)
         if verdict is None:
             verdict = judged[name] = is_optimizer(name)
-        if verdict:
+        if (verdict or _chosen_optimizer(view, call)) and _project_code(view, call):
             found.append(call)
     return found
+
+
+def _chosen_optimizer(view, call: cst.Call) -> bool:
+    """`getattr(torch.optim, config["type"])(params, ...)`, or a project helper returning
+    that form for the module it is passed (`get_instance(torch.optim, "optimizer", config,
+    params)`): an optimizer whatever class the configuration names (torch.optim holds
+    little else: its schedulers live in `torch.optim.lr_scheduler`)."""
+    if not isinstance(call.func, cst.Call) and not any(
+        (dotted(arg.value) or "").endswith("optim") for arg in call.args
+    ):
+        return False  # cheap test first: asked for every call of the project
+    # loader_classes reads this module's loaders: imported here, not at the top.
+    from ddpify.analysis.loader_classes import module_chosen_from
+
+    return module_chosen_from(view, call) == "torch.optim"
+
+
+def _project_code(view, node: cst.CSTNode) -> bool:
+    """Whether `node` runs in the project's run: not in the `__main__` demo of a module
+    the entry imports (`view`: a module's Tree or the project's view)."""
+    return not in_imported_main_block(view.view, node)
 
 
 def bound_target(tree: Tree, call: cst.Call) -> str | None:
@@ -140,7 +162,7 @@ def _model_names(tree: Tree) -> set[str]:
     names.update(_trained_modules(tree.view))
     for call in tree.view.calls_to(DDP, DATA_PARALLEL):
         target = bound_target(tree, call)
-        if target:
+        if target and _project_code(tree.view, call):
             names.add(target)
     return names | propagate(tree, names)
 
@@ -155,23 +177,137 @@ def trained_model_names(tree: Tree) -> set[str]:
 def trained_owners(view, optimizer: cst.Call) -> list[str]:
     """The modules `optimizer` trains: the owners of the `.parameters()` calls in its
     arguments, or `model` in `AdamW(model.get_parameters())` when a class of the script
-    (or project) defines `get_parameters` over its own `self.parameters()` /
-    `self.named_parameters()` (parameter groups built by the model itself)."""
+    (or project) defines `get_parameters` over its own parameters (`self.parameters()`,
+    `self.backbone.parameters()`: parameter groups built by the model itself). A name
+    given as the parameters is traced to what the function binds it to (`params =
+    filter(lambda p: p.requires_grad, model.parameters())`, parameter groups on either
+    branch of an if/else) or, for a parameter of a factory, to what its callers pass."""
     owners = parameter_owners(optimizer) + collection_owners(optimizer)
+    if not owners and _builds_optimizer(view, optimizer):
+        owners = keyed_collection_owners(view, optimizer)
     if owners:
         return owners
-    first = find_arg(optimizer, "params", 0)
-    value = first.value if first is not None else None
-    if isinstance(value, cst.Name):
-        return _owners_through_factory(view, optimizer, value.value)
-    if (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
-        and dotted(value.func.value) is not None
-        and value.func.attr.value in _parameter_group_methods(view)
-    ):
-        return [dotted(value.func.value)]  # type: ignore[list-item]
+    for value in _parameters_given(view, optimizer):
+        if isinstance(value, cst.Name):
+            # Traced through its assignments for an optimizer only (`StepLR(optimizer)`
+            # schedules an optimizer bound to `SGD(model.parameters())`: it trains nothing).
+            owners = (
+                _owners_of_binding(view, optimizer, value.value)
+                if _builds_optimizer(view, optimizer)
+                else None
+            )
+            if owners is None:  # bound nowhere in the function: one of its parameters
+                owners = _owners_through_factory(view, optimizer, value.value)
+        else:
+            owners = _group_method_owners(view, value)
+        if owners:
+            return owners
     return []
+
+
+def _builds_optimizer(view, call: cst.Call) -> bool:
+    return is_optimizer(view.qualify(call.func)) or _chosen_optimizer(view, call)
+
+
+def keyed_collection_owners(view, optimizer: cst.Call) -> list[str]:
+    """The dicts (or lists) whose items `optimizer` trains by key: `nets` for
+    `optims[k] = Adam(nets[k].parameters())` in `for k in nets:` (or `nets.keys()`,
+    `range(len(nets))`), and in `{k: Adam(nets[k].parameters()) for k in nets}`. Every
+    item the loop reaches is trained (the caller checks whether the loop skips some)."""
+    owners: list[str] = []
+    for call in view.within(optimizer, cst.Call):
+        if method_name(call) not in PARAMETER_METHODS:
+            continue
+        item = call.func.value  # type: ignore[attr-defined]
+        if not (isinstance(item, cst.Subscript) and len(item.slice) == 1):
+            continue
+        key = item.slice[0].slice
+        collection = dotted(item.value)
+        if not (isinstance(key, cst.Index) and isinstance(key.value, cst.Name)) or not collection:
+            continue
+        if keys_loop(view, optimizer, key.value.value, collection) and collection not in owners:
+            owners.append(collection)
+    return owners
+
+
+def keys_loop(view, node: cst.CSTNode, key: str, collection: str) -> cst.CSTNode | None:
+    """The loop (statement or comprehension clause) around `node` that binds `key` to the
+    keys of `collection`: `for key in collection`, `collection.keys()`,
+    `range(len(collection))`."""
+    current = view.parent.get(node)
+    while current is not None and not isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+        clause = current.for_in if isinstance(current, COMPREHENSIONS) else current
+        if isinstance(clause, (cst.CompFor, cst.For)) and dotted(clause.target) == key:
+            return clause if _keys_of(clause.iter) == collection else None
+        current = view.parent.get(current)
+    return None
+
+
+def _keys_of(iterable: cst.BaseExpression) -> str | None:
+    if not isinstance(iterable, cst.Call):
+        return dotted(iterable)
+    if isinstance(iterable.func, cst.Attribute) and iterable.func.attr.value == "keys":
+        return dotted(iterable.func.value) if not iterable.args else None
+    if dotted(iterable.func) == "range" and len(iterable.args) == 1:
+        inner = iterable.args[0].value
+        if isinstance(inner, cst.Call) and dotted(inner.func) == "len" and len(inner.args) == 1:
+            return dotted(inner.args[0].value)
+    return None
+
+
+def _parameters_given(view, optimizer: cst.Call) -> list[cst.BaseExpression]:
+    """What may hold the parameters of `optimizer`: its `params` argument; for a helper
+    that makes a class chosen from torch.optim (`get_instance(torch.optim, "optimizer",
+    config, params)`), each positional argument after the module (names, not strings)."""
+    if isinstance(optimizer.func, cst.Call) or not _chosen_optimizer(view, optimizer):
+        first = find_arg(optimizer, "params", 0)
+        return [first.value] if first is not None else []
+    positional = [a.value for a in optimizer.args if a.keyword is None and not a.star]
+    after = next((i + 1 for i, v in enumerate(positional) if view.qualify(v) == "torch.optim"), 0)
+    return [v for v in positional[after:] if not isinstance(v, cst.SimpleString)]
+
+
+def _owners_of_binding(view, optimizer: cst.Call, name: str) -> list[str] | None:
+    """The modules whose parameters every assignment of `name` in the optimizer's
+    function (or module) holds, `.module` of a wrapper read as the model it wraps (both
+    branches of `if differential_lr: params = [{"params": model.module.head()}, ...]
+    else: params = model.parameters()` name `model`). [] when one assignment names no
+    module (the optimizer may train what ddpify cannot see); None when none binds it."""
+    scope = view.function(optimizer)
+    assigns = [
+        a
+        for a in (view.within(scope, cst.Assign) if scope is not None else view.find(cst.Assign))
+        if len(a.targets) == 1 and dotted(a.targets[0].target) == name
+    ]
+    if not assigns:
+        return None
+    owners: list[str] = []
+    for assign in assigns:
+        found = _group_method_owners(view, assign.value) + parameter_owners(
+            cst.Call(func=cst.Name("params"), args=[cst.Arg(assign.value)])
+        )
+        if not found:
+            return []
+        for owner in found:
+            owner = owner[: -len(".module")] if owner.endswith(".module") else owner
+            if owner not in owners:
+                owners.append(owner)
+    return owners
+
+
+def _group_method_owners(view, value: cst.BaseExpression) -> list[str]:
+    """`model` for each `model.get_decoder_params()` in `value`, a method of a class of
+    the project over its own parameters (`_parameter_group_methods`)."""
+    methods = _parameter_group_methods(view)
+    owners: list[str] = []
+    calls = [value] if isinstance(value, cst.Call) else []
+    for call in calls + list(view.within(value, cst.Call)):
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value in methods):
+            continue
+        owner = dotted(call.func.value)
+        if owner is not None and owner not in owners:
+            owners.append(owner)
+    return owners
 
 
 def _owners_through_factory(view, optimizer: cst.Call, param: str) -> list[str]:
@@ -206,13 +342,19 @@ def _parameter_group_methods(view) -> frozenset[str]:
         for cls in view.find(cst.ClassDef):
             for statement in cls.body.body:
                 if isinstance(statement, cst.FunctionDef) and any(
-                    method_name(call) in PARAMETER_METHODS and dotted(call.func.value) == "self"  # type: ignore[attr-defined]
+                    method_name(call) in PARAMETER_METHODS and _of_self(call.func.value)  # type: ignore[attr-defined]
                     for call in view.within(statement, cst.Call)
                 ):
                     found.add(statement.name.value)
         return frozenset(found - set(PARAMETER_METHODS))
 
     return view_cached(view, "parameter_group_methods", compute)
+
+
+def _of_self(receiver: cst.BaseExpression) -> bool:
+    """`self` or one of its parts (`self.backbone`): the instance's own parameters."""
+    name = dotted(receiver) or ""
+    return name == "self" or name.startswith("self.")
 
 
 def _trained_modules(view) -> list[str]:
@@ -307,6 +449,55 @@ def _propagate(tree: Tree, names: set[str]) -> set[str]:
     return found
 
 
+def wrapper_receivers(tree: Tree, wrappers: set[str]) -> dict[str, set[str]]:
+    """Function name -> its parameters that a call hands one of `wrappers` (names that
+    hold a DDP wrapper once migrated), as the wrapper: not a call made before the wrap in
+    the same function (`self.model = convert_model(self.model)` ahead of `self.model =
+    DataParallel(self.model)` converts the plain module). By function, unlike
+    `propagate`: a parameter `module` of one helper says nothing of another helper's
+    `module` (a forward hook's)."""
+    view = tree.view
+    functions = view.functions()
+    constructors = _constructors(view)
+    wraps = [
+        (bound_target(tree, call), view.statement(call))
+        for call in view.calls_to(DDP, DATA_PARALLEL)
+    ]
+    found: dict[str, set[str]] = {}
+    for call in view.find(cst.Call):
+        callee = dotted(call.func) or ""
+        short = callee.rsplit(".", 1)[-1]
+        func = functions.get(short) or constructors.get(short)
+        if func is None:
+            continue
+        params = [p.name.value for p in func.params.params]
+        if params and params[0] in ("self", "cls") and ("." in callee or short in constructors):
+            params = params[1:]
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        for arg in call.args:
+            name = dotted(arg.value)
+            if name not in wrappers or _before_its_wrap(view, call, name, wraps):
+                continue
+            if arg.keyword is not None:
+                found.setdefault(func.name.value, set()).add(arg.keyword.value)
+            elif arg in positional and positional.index(arg) < len(params):
+                found.setdefault(func.name.value, set()).add(params[positional.index(arg)])
+    return found
+
+
+def _before_its_wrap(view, call: cst.Call, name: str, wraps) -> bool:
+    """Whether `call` comes before a statement of its own function that wraps `name`."""
+    scope = view.scope(call)
+    statement = view.statement(call)
+    owner = view.owner(call) if hasattr(view, "owner") else view  # a project, or one module
+    for target, wrap in wraps:
+        if target != name or wrap is None or view.scope(wrap) is not scope:
+            continue
+        if owner is not None and owner.owns(wrap) and owner.after(wrap, statement):
+            return True
+    return False
+
+
 def _constructors(view) -> dict[str, cst.FunctionDef]:
     """Class name -> its `__init__`, for the classes of the script (or project)."""
     found = {}
@@ -336,7 +527,7 @@ def project_backward_calls(tree: Tree) -> list[cst.Call]:
 
 
 def _backward_calls(view) -> list[cst.Call]:
-    return view.find(cst.Call, lambda c: method_name(c) == "backward")
+    return view.find(cst.Call, lambda c: method_name(c) == "backward" and _project_code(view, c))
 
 
 def training_functions(tree: Tree) -> frozenset[str]:
@@ -1366,6 +1557,29 @@ def _class_at_run_time(view, call: cst.Call) -> bool:
         isinstance(value, cst.Call) and isinstance(value.func, (cst.Call, cst.Subscript))
         for value in returns
     )
+
+
+def data_parallel_subclasses(tree: Tree) -> frozenset[str]:
+    """The project's classes that derive from DataParallel, directly or through another
+    of them (`class DataParallelWithCallback(DataParallel)`, a sync-BatchNorm package's
+    replica hooks)."""
+
+    def compute() -> frozenset[str]:
+        view = tree.view
+        found: set[str] = set()
+        grew = True
+        while grew:
+            grew = False
+            for cls in view.find(cst.ClassDef, lambda c: c.name.value not in found):
+                for base in cls.bases:
+                    short = (dotted(base.value) or "").rsplit(".", 1)[-1]
+                    if view.qualify(base.value) == DATA_PARALLEL or short in found:
+                        found.add(cls.name.value)
+                        grew = True
+                        break
+        return frozenset(found)
+
+    return view_cached(tree.view, "data_parallel_subclasses", compute)
 
 
 def dataloader_subclasses(tree: Tree) -> dict[str, list[str]]:

@@ -507,6 +507,8 @@ def _lr_rule(plan: Plan, optimizer: str) -> str:
 
 def _scale_lr(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -> None:
     optimizer = (tree.qualify(call.func) or "").rsplit(".", 1)[-1]
+    if not optimizer.isidentifier():  # `get_instance(torch.optim, "optimizer", config, ...)`
+        optimizer = "the optimizer class the configuration chooses"
     rule = _lr_rule(plan, optimizer)
     statement = tree.statement(call)
     if rule == "none":

@@ -14,12 +14,16 @@ from ddpify.analysis.batch_norm import may_hold_batch_norm
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import (
     class_of,
+    data_parallel_subclasses,
+    keyed_collection_owners,
+    keys_loop,
     project_optimizer_calls,
     ranged_collection,
     returned_into_trained,
     stored_models,
     trained_model_names,
     trained_owners,
+    wrapper_receivers,
 )
 from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, mentions
@@ -35,7 +39,6 @@ from ddpify.migrate.analyze import (
     bound_target,
     model_names,
     optimizer_calls,
-    propagate,
 )
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.entrypoint import runs_on_cuda
@@ -121,6 +124,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
     # the lists and dicts whose models are wrapped one by one -> the class a dict is given
     # back to ("" for a list or a plain dict)
     lists: dict[str, str] = {}
+    if plan.shape is Shape.SINGLE:
+        _refuse_data_parallel_subclass(tree)
     if plan.shape is Shape.DATA_PARALLEL:
         wrapped += _replace_data_parallel(tree, plan, edits)
     elif plan.shape is Shape.SINGLE:
@@ -144,6 +149,52 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if wrapped and plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
         _note_batch_norm_on_cpu(tree, plan, [name for name, _ in wrapped])
     return edits
+
+
+def _data_parallel_calls(tree: Tree) -> list[cst.Call]:
+    """torch's DataParallel calls, and those of the project's DataParallel subclasses
+    around a model (a sync-BatchNorm package's `DataParallelWithCallback` on one branch,
+    torch's on the other): each becomes DDP alike (with one GPU per process there are no
+    replicas for its callbacks)."""
+    return sorted(
+        tree.calls_to(DATA_PARALLEL) + _subclass_calls(tree), key=lambda call: tree.order[call]
+    )
+
+
+def _subclass_calls(tree: Tree) -> list[cst.Call]:
+    """Calls of a DataParallel subclass of the project around one of the model names."""
+    subclasses = data_parallel_subclasses(tree)
+    if not subclasses:
+        return []
+    models = model_names(tree)
+    return [
+        call
+        for call in tree.find(cst.Call)
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] in subclasses
+        and call.args
+        and (dotted(call.args[0].value) in models or bound_target(tree, call) in models)
+    ]
+
+
+def _refuse_data_parallel_subclass(tree: Tree) -> None:
+    """A trained model wrapped in a DataParallel subclass of the project (a sync-BatchNorm
+    package's `DataParallelWithCallback`), perhaps on one branch beside a plain
+    DataParallel: DDP over it would still replicate the model over the machine's GPUs in
+    every process, so the migration stops and names the wrap."""
+    for call in _subclass_calls(tree):
+        cls = (dotted(call.func) or "").rsplit(".", 1)[-1]
+        line = _first_line(tree.code(tree.statement(call)))
+        func, owner = tree.function(call), class_of(tree, call)
+        where = f" (in `{func.name.value}`" if func is not None else ""
+        where += f" of `{owner.name.value}`)" if owner is not None else ")" if where else ""
+        raise NotMigrated(
+            Shape.DATA_PARALLEL,
+            f"`{(line or '').strip()}`{where} wraps the trained model in `{cls}`, a DataParallel "
+            "subclass of the project, which ddpify does not replace (DDP around it would "
+            "still replicate the model over the GPUs inside every process); wrap the model "
+            "in DistributedDataParallel there instead (its replica callbacks are not needed "
+            "with one GPU per process) and migrate again",
+        )
 
 
 def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
@@ -231,7 +282,7 @@ def _device_ids_when(tree: Tree, test: cst.BaseExpression, on_cuda: bool, moved:
 
 def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
     wrapped = []
-    for call in tree.calls_to(DATA_PARALLEL):
+    for call in _data_parallel_calls(tree):
         if not call.args:
             continue
         outer = _chain_top(tree, call)
@@ -434,7 +485,10 @@ def _wrap_after_condition(tree: Tree, plan: Plan, edits: Edits, call: cst.Call, 
         if len(owner.body.body) == 1 and owner.orelse is None:
             edits.removed.add(owner)
     place = _last_preparation(tree, target, owner)
-    if _wants_sync_bn(tree, plan, target):
+    # DataParallel on both branches: one conversion and one wrap after the `if`.
+    placed = [cst.Module([]).code_for_node(s) for s in edits.after[place]]
+    sync = cst.Module([]).code_for_node(snippets.statement(SYNC_BN.format(model=target)))
+    if _wants_sync_bn(tree, plan, target) and sync not in placed:
         edits.after[place].append(_sync_bn(plan, target))
     in_body = owner.orelse is None and tree.inside(statement, owner.body)
     ids = _device_ids_when(tree, owner.test, True, suffix) if in_body else None
@@ -572,6 +626,10 @@ def _trained_bindings(
             if owner in collection_owners(optimizer):  # `Adam(nets["g"].parameters())`
                 collection = owner
                 element, containers[owner] = _item_names(tree, owner, optimizer)
+            elif owner in keyed_collection_owners(tree.view, optimizer):  # `nets[k]`, by key
+                _refuse_items_out_of_reach(tree, owner, optimizer)
+                collection = owner
+                element, containers[owner] = _item_names(tree, owner, optimizer)
             mapping = _mapping_item(tree, owner, optimizer)
             if collection is None and mapping is not None:  # `nets.generator`
                 collection, element = mapping[0], "name, net"
@@ -598,6 +656,114 @@ def _trained_bindings(
     return found
 
 
+def _refuse_items_out_of_reach(tree: Tree, collection: str, optimizer: cst.Call) -> None:
+    """`optims[k] = Adam(nets[k].parameters())` over the keys of `nets`: each item is
+    wrapped where the dict is built, so the dict must be built in this function (not
+    returned by a helper that may also copy its models, for an EMA), and the loop must
+    train every item (not skip some with `continue` or an `if`)."""
+    line = _first_line(tree.code(tree.statement(optimizer)))
+    binding = _binding(tree, collection, optimizer)
+    elsewhere = binding is not None and tree.scope(binding) is not tree.scope(optimizer)
+    if binding is None or (elsewhere and not collection.startswith("self.")):
+        binding = _unpacked_binding(tree, collection, optimizer) or binding
+    small = _small(binding) if binding is not None else None
+    value = small.value if isinstance(small, cst.Assign) else None
+    if isinstance(value, cst.Call) and _mapping_class(value) is None:
+        made_by = _first_line(tree.code(value))
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"`{line}` trains the models of `{collection}` by key, and `{collection}` comes "
+            f"from `{made_by}` (`{_first_line(tree.code(binding))}`), which builds them "
+            "elsewhere, so ddpify cannot wrap them (each rank would train its own copy): it "
+            "wraps the items of a dict only where the dict is built; wrap "
+            "each trained module in DistributedDataParallel once it is on its device "
+            f"({_where_to_wrap(tree) or 'where it is built'}), keep the copies made of it "
+            "(an EMA's deepcopy) copies of the plain module, and migrate again",
+        )
+    loop = keys_loop(tree.view, optimizer, _key_of(optimizer, collection) or "", collection)
+    skip = _skipping(tree, loop, optimizer) if loop is not None else None
+    if skip is not None:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"`{line}` trains only the items of `{collection}` that "
+            f"`{_first_line(tree.code(skip))}` lets through; ddpify wraps every item of a "
+            "dict, and DDP over an item no optimizer trains fails (or trains it apart on "
+            "each rank): wrap the trained ones in DistributedDataParallel by name",
+        )
+
+
+def _unpacked_binding(tree: Tree, name: str, near: cst.CSTNode) -> cst.BaseStatement | None:
+    """`self.nets, self.nets_ema = build_model(args)`: the statement that unpacks `name`
+    (in the function of `near` for a plain name)."""
+    for assign in tree.find(cst.Assign):
+        if not name.startswith("self.") and tree.scope(assign) is not tree.scope(near):
+            continue
+        for target in assign.targets:
+            if isinstance(target.target, cst.Tuple) and any(
+                dotted(e.value) == name for e in target.target.elements
+            ):
+                return tree.statement(assign)
+    return None
+
+
+def _key_of(optimizer: cst.Call, collection: str) -> str | None:
+    """`k` in `Adam(nets[k].parameters())`."""
+    for arg in optimizer.args:
+        for sub in _subscripts(arg.value):
+            key = sub.slice[0].slice if len(sub.slice) == 1 else None
+            if dotted(sub.value) == collection and isinstance(key, cst.Index):
+                return dotted(key.value)
+    return None
+
+
+def _subscripts(node: cst.CSTNode) -> list[cst.Subscript]:
+    found = [node] if isinstance(node, cst.Subscript) else []
+    for child in node.children:
+        found += _subscripts(child)
+    return found
+
+
+def _skipping(tree: Tree, loop: cst.CSTNode, optimizer: cst.Call) -> cst.CSTNode | None:
+    """What lets only some keys through to the optimizer: an `if` between the loop and
+    it (a comprehension's `if` clause too), or a `continue` in the loop before it."""
+    if isinstance(loop, cst.CompFor) and loop.ifs:
+        return loop.ifs[0]
+    current = tree.parent.get(optimizer)
+    while current is not None and current is not loop:
+        if isinstance(current, cst.If):
+            return current
+        current = tree.parent.get(current)
+    if isinstance(loop, cst.For):
+        statement = tree.statement(optimizer)
+        for node in tree.within(loop, cst.Continue):
+            if not tree.after(node, statement):
+                return _enclosing_if(tree, node, loop) or tree.statement(node)
+    return None
+
+
+def _enclosing_if(tree: Tree, node: cst.CSTNode, loop: cst.CSTNode) -> cst.If | None:
+    current = tree.parent.get(node)
+    while current is not None and current is not loop:
+        if isinstance(current, cst.If):
+            return current
+        current = tree.parent.get(current)
+    return None
+
+
+def _where_to_wrap(tree: Tree) -> str | None:
+    """`in place of `nn.DataParallel(G(...))` in `build_model` and 4 more`: where the
+    project's DataParallel wraps are, the places for DDP wraps; None without any."""
+    view = tree.view
+    parallel = view.calls_to(DATA_PARALLEL)
+    if not parallel:
+        return None
+    first = parallel[0]
+    func = view.function(first)
+    inside = f" in `{func.name.value}`" if func is not None else ""
+    more = f" and {len(parallel) - 1} more" if len(parallel) > 1 else ""
+    return f"in place of `{_first_line(view.code(first))}`{inside}{more}"
+
+
 def _refuse_untraced_parameters(tree: Tree, optimizer: cst.Call) -> None:
     """An optimizer whose parameters ddpify cannot trace to a module (`Adam(params=
     self.nets[net].parameters())` over the keys of a dict a helper returns): the modules
@@ -606,15 +772,7 @@ def _refuse_untraced_parameters(tree: Tree, optimizer: cst.Call) -> None:
     line = _first_line(tree.code(tree.statement(optimizer)))
     params = optimizer.args[0].value if optimizer.args else None
     trains = f" `{tree.code(params)}`" if params is not None else ""
-    where = "where each trained module is built"
-    view = tree.view
-    parallel = view.calls_to(DATA_PARALLEL)
-    if parallel:
-        first = parallel[0]
-        func = view.function(first)
-        inside = f" in `{func.name.value}`" if func is not None else ""
-        more = f" and {len(parallel) - 1} more" if len(parallel) > 1 else ""
-        where = f"in place of `{_first_line(view.code(first))}`{inside}{more}"
+    where = _where_to_wrap(tree) or "where each trained module is built"
     raise NotMigrated(
         Shape.UNKNOWN,
         f"`{line}` trains{trains}, which ddpify cannot trace to the modules it builds, so "
@@ -770,6 +928,8 @@ def _prepares(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
             return True
     if _prepared_by_helper(tree, stmt, target):
         return True
+    if any(_deep_copy_of(tree, call, target) for call in tree.within(stmt, cst.Call)):
+        return True  # `ema = copy.deepcopy(model)`: an EMA copy of the plain module
     # `AdamW(model.get_parameters())`: a parameter-group method of the model's own class
     # is not an attribute of the DDP wrapper, so that optimizer is built before the wrap
     # (it sees the same parameters either way).
@@ -805,6 +965,15 @@ def _prepares_parameter(tree: Tree, function: cst.FunctionDef, param: str) -> bo
         and method_name(call) in PREPARES
         for call in tree.view.within(function, cst.Call)
     )
+
+
+def _deep_copy_of(tree: Tree, call: cst.Call, target: str) -> bool:
+    """`copy.deepcopy(model)`, `deepcopy(nets["g"])`: a copy (an EMA's) of the target or
+    one of its items, which must be made before the wrap to stay a plain module."""
+    if tree.qualify(call.func) != "copy.deepcopy" or not call.args:
+        return False
+    copied = call.args[0].value
+    return dotted(copied) == target or _item_of(copied, target)
 
 
 def _item_of(expr: cst.BaseExpression, target: str) -> bool:
@@ -934,11 +1103,13 @@ def _read_through_module(
 def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
     """A helper module's functions handed the wrapped model (`save(model, path)` called
     from the entry script) reach its attributes through `.module` too."""
-    helpers = propagate(tree, _wrapper_names(tree, plan))
+    helpers = wrapper_receivers(tree, _wrapper_names(tree, plan))
     for attr in tree.find(cst.Attribute):
         receiver = dotted(attr.value)
         func = tree.function(attr)
-        if receiver not in helpers or func is None or attr.attr.value in MODULE_API:
+        if func is None or attr.attr.value in MODULE_API:
+            continue
+        if receiver not in helpers.get(func.name.value, ()):
             continue
         if receiver not in [p.name.value for p in func.params.params]:
             continue
@@ -1012,10 +1183,10 @@ def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attri
     """`name.attr` nodes that run after `statement` wrapped `name`."""
     if name.startswith("self."):
         container = class_of(tree, statement) or tree.module
-        helpers: set[str] = set()
+        helpers: dict[str, set[str]] = {}
     else:
         container = tree.scope(statement)
-        helpers = propagate(tree, {name}) & model_names(tree)
+        helpers = wrapper_receivers(tree, {name})
     found = []
     for attr in tree.find(cst.Attribute):
         receiver = dotted(attr.value)
@@ -1025,8 +1196,10 @@ def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attri
         if receiver == name and tree.inside(attr, container) and later:
             if tree.scope(attr) is container or name.startswith("self."):
                 found.append(attr)
-        elif receiver in helpers and tree.function(attr) is not None:
+        elif tree.function(attr) is not None:
             func = tree.function(attr)
+            if receiver not in helpers.get(func.name.value, ()):  # type: ignore[union-attr]
+                continue
             if receiver in [p.name.value for p in func.params.params]:  # type: ignore[union-attr]
                 found.append(attr)
     return [a for a in found if not _is_call_target_of_wrapper(tree, a)]
