@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from ddpify.verify.compare import compare_runs  # noqa: E402
 from ddpify.verify.per_rank import check_shares, merged_reference  # noqa: E402
-from ddpify.verify.runner import conclude  # noqa: E402
+from ddpify.verify.runner import Session, conclude  # noqa: E402
 from tests.test_verify_alignment import GRADS, converted_pair, record  # noqa: E402
 
 
@@ -137,3 +137,42 @@ def test_the_report_says_what_the_conversion_was_compared_with():
     assert report["reference"] == "per-rank"
     assert report["per_rank_causes"] == ["BatchNorm statistics are per process"]
     assert VerifyResult(0, "match", "").as_dict()["reference"] == "one-process"
+
+
+# -- a difference in gradients alone ---------------------------------------------------------
+
+
+def test_a_difference_in_gradients_alone_asks_the_per_rank_reference():
+    """Data, learning rates and ranks agree; only the gradients differ from one process."""
+    comparison = one_process()
+    assert comparison.differs_in_gradients_only
+    assert not comparison.answered_per_rank
+
+
+def test_a_data_mismatch_is_not_a_difference_in_gradients_alone():
+    ranks = [record([g + 0.1 for g in GRADS], rank=r) for r in (0, 1)]
+    assert not compare_runs(record(GRADS), ranks, 2, "per-rank").differs_in_gradients_only
+
+
+def session_after_a_gradient_mismatch(tmp_path):
+    first = conclude(VerifyResult(2, "error", ""), one_process(), 1)
+    assert first.verdict == "mismatch"
+    return Session(tmp_path, tmp_path, [], 10, first), first
+
+
+def test_a_conversion_that_is_ddp_of_the_original_is_not_called_wrong(tmp_path):
+    """It matches the original run as DDP, yet differs from one process: inconclusive,
+    saying both, never a match."""
+    session, first = session_after_a_gradient_mismatch(tmp_path)
+    result = session.unexplained_difference(first, against_reference(GRADS))
+    assert (result.exit_code, result.verdict, result.reference) == (2, "inconclusive", "per-rank")
+    assert "the conversion computes the original run as DDP" in result.inconclusive[0]
+    assert first.message in result.inconclusive[0]
+
+
+def test_a_conversion_that_differs_from_the_reference_too_stays_a_mismatch(tmp_path):
+    session, first = session_after_a_gradient_mismatch(tmp_path)
+    result = session.unexplained_difference(first, against_reference([g / 2 for g in GRADS]))
+    assert (result.exit_code, result.verdict) == (1, "mismatch")
+    assert result.message == first.message
+    assert any("differs from the conversion too" in note for note in result.notes)

@@ -122,6 +122,15 @@ class Comparison:
         return bool(doubts) and not self.findings and all(d in self.per_rank for d in doubts)
 
     @property
+    def differs_in_gradients_only(self) -> bool:
+        """A mismatch in gradients or weights alone, with data, learning rates and ranks in
+        agreement and nothing else in doubt: DDP of the original may differ from one process
+        over the whole batch by more than rounding (statistics summed over processes, means
+        over per-process counts verify cannot see), which the per-rank reference tells."""
+        doubts = self.inconclusive + self.caveats
+        return bool(self.gradient_findings) and not self.findings and not doubts
+
+    @property
     def first_mismatch(self) -> Finding | None:
         ordered = [f for f in self.findings + self.gradient_findings if f.parameter]
         return min(ordered, key=lambda f: f.step or 0, default=None)

@@ -16,7 +16,13 @@ from pathlib import Path
 from ddpify.verify.compare import Comparison, compare_runs
 from ddpify.verify.launcher import RunOutcome, launch, probe_command, probe_environment
 from ddpify.verify.original_fixes import fix_original
-from ddpify.verify.per_rank import PER_RANK, check_shares, merged_reference, reference_message
+from ddpify.verify.per_rank import (
+    PER_RANK,
+    WHAT,
+    check_shares,
+    merged_reference,
+    reference_message,
+)
 from ddpify.verify.report import (
     EXIT_COULD_NOT_RUN,
     EXIT_MATCH,
@@ -243,10 +249,12 @@ class Session:
         reference answers. Not for hand-made batches the conversion split by rank: the
         reference cannot split the original's batches where the migration did."""
         comparison = self.comparison
-        if nproc < 2 or comparison is None or self.result.verdict != "inconclusive":
+        if nproc < 2 or comparison is None:
             return False
         split = any(s.get("split") for r in self.converted for s in r["steps"])
-        return comparison.answered_per_rank and not split
+        if self.result.verdict == "mismatch":
+            return comparison.differs_in_gradients_only and not split
+        return self.result.verdict == "inconclusive" and comparison.answered_per_rank and not split
 
     def reference_failed(self, exc: CouldNotRun) -> VerifyResult:
         self.result.notes.append(
@@ -311,6 +319,8 @@ class Session:
         check_shares(references, self.converted, comparison)
         first = self.result
         judged = conclude(replace_result(first, self.run_notes), comparison, steps)
+        if first.verdict == "mismatch":
+            return self.unexplained_difference(first, judged)
         if judged.verdict not in ("match", "mismatch"):
             first.notes.append(
                 "the per-rank reference (the original run as DDP on the same processes) "
@@ -320,6 +330,36 @@ class Session:
         causes = self.comparison.per_rank_causes if self.comparison else []
         judged.reference, judged.per_rank_causes = PER_RANK, list(dict.fromkeys(causes))
         judged.message = reference_message(judged.verdict, judged.message, causes)
+        judged.notes.append(f"against the one-process run: {first.verdict}: {first.message}")
+        self.result = judged
+        return judged
+
+    def unexplained_difference(self, first: VerifyResult, judged: VerifyResult) -> VerifyResult:
+        """The one-process run differs in gradients alone. If the conversion computes the
+        original run as DDP exactly, it is not shown wrong, nor right: DDP of this script
+        differs from one process by more than the tolerance, for a reason verify cannot
+        name. Anything else keeps the mismatch."""
+        if judged.verdict != "match":
+            first.notes.append(
+                "the per-rank reference (the original run as DDP on the same processes) "
+                f"differs from the conversion too: {judged.verdict}: {judged.message}"
+            )
+            return first
+        judged.exit_code, judged.verdict, judged.reference = (
+            EXIT_COULD_NOT_RUN,
+            "inconclusive",
+            PER_RANK,
+        )
+        judged.inconclusive = [
+            f"the conversion computes the original run as DDP ({judged.message}), but that "
+            f"differs from one process over the whole batch beyond the tolerance ({first.message}) "
+            "for a reason verify cannot name: rounding through statistics summed over "
+            "processes (SyncBatchNorm), or a mean over per-process counts"
+        ]
+        judged.message = (
+            "the runs differ, but the comparison cannot be trusted: the conversion matches "
+            f"{WHAT}; the one-process run differs ({first.message})"
+        )
         judged.notes.append(f"against the one-process run: {first.verdict}: {first.message}")
         self.result = judged
         return judged
