@@ -425,16 +425,11 @@ def _propagate(tree: Tree, names: set[str]) -> set[str]:
     functions = view.functions()
     constructors = _constructors(view)
     for call in view.find(cst.Call):
-        callee = dotted(call.func)
-        if callee is None:
+        called = _called_function(call, functions, constructors)
+        if called is None:
             continue
-        short = callee.rsplit(".", 1)[-1]
-        func = functions.get(short) or constructors.get(short)
-        if func is None:
-            continue
-        params = [p.name.value for p in func.params.params]
-        if params and params[0] in ("self", "cls") and ("." in callee or short in constructors):
-            params = params[1:]
+        func, params = called
+        short = (dotted(call.func) or "").rsplit(".", 1)[-1]
         received = set()
         positional = [a for a in call.args if a.keyword is None and not a.star]
         for index, arg in enumerate(positional):
@@ -465,14 +460,10 @@ def wrapper_receivers(tree: Tree, wrappers: set[str]) -> dict[str, set[str]]:
     ]
     found: dict[str, set[str]] = {}
     for call in view.find(cst.Call):
-        callee = dotted(call.func) or ""
-        short = callee.rsplit(".", 1)[-1]
-        func = functions.get(short) or constructors.get(short)
-        if func is None:
+        called = _called_function(call, functions, constructors)
+        if called is None:
             continue
-        params = [p.name.value for p in func.params.params]
-        if params and params[0] in ("self", "cls") and ("." in callee or short in constructors):
-            params = params[1:]
+        func, params = called
         positional = [a for a in call.args if a.keyword is None and not a.star]
         for arg in call.args:
             name = dotted(arg.value)
@@ -483,6 +474,22 @@ def wrapper_receivers(tree: Tree, wrappers: set[str]) -> dict[str, set[str]]:
             elif arg in positional and positional.index(arg) < len(params):
                 found.setdefault(func.name.value, set()).add(params[positional.index(arg)])
     return found
+
+
+def _called_function(call: cst.Call, functions, constructors):
+    """The project function (or class `__init__`) `call` runs, by its last name, and the
+    parameters the call's arguments fill (`self` dropped for a method or a constructor)."""
+    callee = dotted(call.func)
+    if callee is None:
+        return None
+    short = callee.rsplit(".", 1)[-1]
+    func = functions.get(short) or constructors.get(short)
+    if func is None:
+        return None
+    params = [p.name.value for p in func.params.params]
+    if params and params[0] in ("self", "cls") and ("." in callee or short in constructors):
+        params = params[1:]
+    return func, params
 
 
 def _before_its_wrap(view, call: cst.Call, name: str, wraps) -> bool:
