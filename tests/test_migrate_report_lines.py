@@ -66,3 +66,18 @@ def test_an_anchor_whose_line_was_rewritten_maps_to_the_rewritten_line():
     output = "import os\na = 1\nopt = SGD(lr=0.1 * WORLD_SIZE)\nb = 2\n"
     assert _output_line(original, output, "opt = SGD(lr=0.1)") == 3
     assert _output_line(original, output, "not there") is None
+
+
+def test_a_needs_human_item_is_listed_once_however_often_a_pass_asks():
+    from ddpify.migrate.analyze import Plan, Shape
+
+    plan = Plan(Shape.SINGLE, Options())
+    for _ in range(3):
+        plan.needs_human("scale the learning rate", "opt = SGD(params)\n")
+        plan.needs_human("scale the learning rate", "other = SGD(params)\n")
+    plan.needs_human("check the sampler", "opt = SGD(params)\n")
+    assert [(h.why, h.anchor) for h in plan.human] == [
+        ("scale the learning rate", "opt = SGD(params)"),
+        ("scale the learning rate", "other = SGD(params)"),
+        ("check the sampler", "opt = SGD(params)"),
+    ]

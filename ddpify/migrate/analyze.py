@@ -119,14 +119,18 @@ class Plan:
     hand_made: str | None = None  # how hand-made batches were sharded, for the report
     replicated: str | None = None  # why and how steps run whole on every rank, for the report
     entry: bool = True  # the script that starts the run (not a module it imports)
+    # (why, anchor) of each item in `human`: a repeated item is dropped in one lookup, not a
+    # scan of every item so far (a large script asks thousands of times)
+    _human_keys: set[tuple[str, str | None]] = field(default_factory=set, repr=False)
 
     def change(self, pass_name: str, description: str, anchor: str | None, code=None) -> None:
         self.changes.append(Change(pass_name, description, code, _first_line(anchor)))
 
     def needs_human(self, why: str, anchor: str | None) -> None:
         item = HumanItem(why, _first_line(anchor))
-        if any((h.why, h.anchor) == (item.why, item.anchor) for h in self.human):
+        if (item.why, item.anchor) in self._human_keys:
             return
+        self._human_keys.add((item.why, item.anchor))
         self.human.append(item)
 
 
