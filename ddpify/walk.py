@@ -85,6 +85,15 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
                     yield item
 
 
+def subtree(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`root` and every node below it, in source (pre-)order; iterative, like `walk`."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(list(children(node))))
+
+
 def walk(
     root: cst.CSTNode,
     enter: Callable[[cst.CSTNode], None],

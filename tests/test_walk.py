@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.walk import walk
+from ddpify.walk import subtree, walk
 
 
 def names_in_order(source: str) -> list[str]:
@@ -55,3 +55,12 @@ def test_type_parameters_are_visited_between_name_and_parameters():
     assert names_in_order(function) == ["f", "T", "Bound", "x", "T", "R"]
     cls = "class C[T: Bound](Base):\n    pass\n"
     assert names_in_order(cls) == ["C", "T", "Bound", "Base"]
+
+
+def test_subtree_yields_what_walk_enters_in_the_same_order():
+    module = cst.parse_module("@d\ndef f(x=a if b else c):\n    return [g(y) for y in x]\n")
+    entered: list[cst.CSTNode] = []
+    walk(module, entered.append, lambda node: None)
+    assert list(subtree(module)) == entered
+    body = module.body[0].body
+    assert list(subtree(body))[0] is body

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.names import dotted, find_arg
-from ddpify.walk import children
+from ddpify.walk import subtree
 
 
 @dataclass
@@ -94,15 +94,6 @@ def _methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
     return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
 
 
-def _nodes(root: cst.CSTNode) -> list[cst.CSTNode]:
-    found, stack = [], [root]
-    while stack:
-        node = stack.pop()
-        found.append(node)
-        stack.extend(children(node))
-    return found
-
-
 def _pulls_inside(cls: cst.ClassDef, method: str) -> bool:
     """Whether `method` calls `next(...)` itself or through `self.<method>()` calls."""
     methods = _methods(cls)
@@ -112,7 +103,7 @@ def _pulls_inside(cls: cst.ClassDef, method: str) -> bool:
         if name in seen or name not in methods:
             continue
         seen.add(name)
-        for node in _nodes(methods[name]):
+        for node in subtree(methods[name]):
             if not isinstance(node, cst.Call):
                 continue
             callee = dotted(node.func) or ""
@@ -126,7 +117,7 @@ def _pulls_inside(cls: cst.ClassDef, method: str) -> bool:
 def _stored_in(init: cst.FunctionDef, param: str) -> set[str]:
     """`self.loader` for `self.loader = loader` in the constructor."""
     found = set()
-    for node in _nodes(init):
+    for node in subtree(init):
         if isinstance(node, cst.Assign) and dotted(node.value) == param:
             found |= {dotted(t.target) for t in node.targets} - {None}
     return found  # type: ignore[return-value]
@@ -136,7 +127,7 @@ def _iterated_attributes(cls: cst.ClassDef) -> set[str]:
     """`self.loader` for every `iter(self.loader)` in the class."""
     return {
         dotted(node.args[0].value)  # type: ignore[misc]
-        for node in _nodes(cls)
+        for node in subtree(cls)
         if isinstance(node, cst.Call) and _iter_of(node) is not None
     }
 
@@ -151,7 +142,7 @@ def _iter_of(call: cst.Call) -> str | None:
 def _restarts(cls: cst.ClassDef, attribute: str) -> list[FetcherRestart]:
     """`self.x = iter(<attribute>)` statements of the class."""
     found = []
-    for node in _nodes(cls):
+    for node in subtree(cls):
         if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
             continue
         small = node.body[0]

@@ -21,7 +21,7 @@ from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.roles import backward_units, distributed_sampler_value, iterated_name
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.values import mentions_world_size, per_process_source
-from ddpify.walk import children, walk
+from ddpify.walk import children, subtree, walk
 
 Ancestors = tuple[cst.CSTNode, ...]
 
@@ -62,13 +62,7 @@ _ACCUMULATION = re.compile(r"accum|update_freq|grad_acc|micro", re.I)
 EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 
 
-def walk_subtree(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`root` and every node below it, in source (pre-)order."""
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(reversed(list(children(node))))
+walk_subtree = subtree  # `root` and every node below it, in source (pre-)order
 
 
 def own_nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
