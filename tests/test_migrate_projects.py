@@ -534,3 +534,16 @@ def test_the_first_of_a_list_is_this_process_gpu_only_when_the_list_holds_gpu_id
     assert "net = torch.nn.DataParallel(net, gpu_ids)" not in outputs["nets.py"]
     assert "x.to(devices[0]), y.to(devices[0])" in outputs["train.py"]
     assert "torch.nn.Linear(4, 4).to(device_ids[0])" in outputs["nets.py"]
+
+
+def test_an_imported_modules_demo_block_is_left_as_written(tmp_path):
+    """model.py ends in an `if __name__ == "__main__":` demo that prints the network and
+    tries it under DataParallel: importing model.py never runs it, so the project is a
+    single-GPU one (not refused as a DataParallel wrap under a condition) and the demo's
+    prints get no rank guard."""
+    work, migration = _migrated("model_demo_block", tmp_path)
+    assert migration.migrated, migration.entry.reason
+    assert migration.summary().shape == "single-GPU"
+    changed = {result.filename for result in migration.changed_results}
+    assert changed == {"train.py"}
+    assert 'if RANK == 0:\n            print(f"epoch' in migration.results[0].output
