@@ -1,0 +1,96 @@
+"""What a converted script saves and restores is the plain model's state (ddpify/migrate/
+unwrap.py): a checkpoint written on any path has the original's keys, the original's
+checkpoints load, and a copy of the model made after the wrap is a copy of the model.
+
+fixtures/migrate/best_model_copy (a best-model snapshot restored at the end) runs in the
+batched runner (tests/test_migrate_run.py), where a copy of the wrapper would fail to
+load into `model.module`; these check what a user reads and what the files hold.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ddpify.migrate import migrate_source
+from tests.helpers import FIXTURES
+
+CASES = FIXTURES / "migrate"
+PROJECTS = FIXTURES / "projects"
+
+
+def test_a_best_model_copy_made_after_the_wrap_copies_the_module():
+    before = (CASES / "best_model_copy" / "before.py").read_text()
+    result = migrate_source(before, "train.py")
+    assert result.migrated, result.reason
+    out = result.output
+    assert out.index("model = DDP(model") < out.index("best_model = copy.deepcopy(model.module)")
+    # Restoring the snapshot into the wrapped model reads the same plain keys.
+    assert "model.module.load_state_dict(best_model.state_dict())" in out
+    assert "best_model.module" not in out
+    assert any(
+        change.code == "DDP051" and "copy of model made after its DDP wrap" in change.description
+        for change in result.changes
+    )
+
+
+def test_a_copy_made_before_the_wrap_is_left_as_it_is():
+    """An EMA started from the plain model before training: the wrap goes after it."""
+    before = (CASES / "gan_dict_by_key" / "before.py").read_text()
+    out = migrate_source(before, "train.py").output
+    assert "generator_ema = copy.deepcopy(nets.generator)\n" in out
+
+
+# One process runs the original project on the CPU, then the converted one resuming from
+# the original's checkpoint (copied where it looks); it prints both checkpoints' keys.
+RESUME = """
+import os, runpy, shutil, sys
+import torch
+
+def run(folder, *args):
+    for name in [m for m in sys.modules if m.split(".")[0] in ("data", "models", "options")]:
+        del sys.modules[name]
+    os.chdir(folder)
+    sys.path.insert(0, folder)
+    sys.argv = ["train.py", "--n_epochs", "1", *args]
+    runpy.run_path("train.py", run_name="__main__")
+    sys.path.remove(folder)
+    state = torch.load(os.path.join(folder, "checkpoints/denoise/latest_net_G.pth"))
+    return sorted(state)
+
+original, converted = sys.argv[1:3]
+print("original", run(original))
+# The converted run resumes from the original's checkpoint, then saves its own.
+shutil.copytree(os.path.join(original, "checkpoints"), os.path.join(converted, "checkpoints"))
+print("converted", run(converted, "--continue_train"))
+"""
+
+
+@pytest.mark.torchrun
+def test_the_converted_registry_saves_and_resumes_the_originals_keys_on_the_cpu(tmp_path):
+    """model_registry applies DataParallel on GPUs only; the conversion wraps in DDP on
+    every path, so the network fetched by name (`getattr(self, "net" + name)`) saves and
+    loads through `getattr(net, "module", net)`: no `module.` prefix on a CPU run."""
+    pytest.importorskip("torch")
+    original, converted = tmp_path / "original", tmp_path / "converted"
+    shutil.copytree(PROJECTS / "model_registry" / "before", original)
+    shutil.copytree(PROJECTS / "model_registry" / "after", converted)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", RESUME, str(original), str(converted)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " [" in line)
+    assert "loading the model from" in done.stdout  # the converted run resumed
+    assert lines["original"] == lines["converted"]
+    assert "module." not in lines["converted"] and "body.0.weight" in lines["converted"]
