@@ -547,3 +547,25 @@ def test_an_imported_modules_demo_block_is_left_as_written(tmp_path):
     changed = {result.filename for result in migration.changed_results}
     assert changed == {"train.py"}
     assert 'if RANK == 0:\n            print(f"epoch' in migration.results[0].output
+
+
+def test_a_module_with_nothing_to_change_still_shows_what_a_human_must_do(tmp_path):
+    """The report lists an imported module that keeps its code but holds a needs-human
+    item (before, only changed modules were listed, and the item was lost)."""
+    import io
+
+    from ddpify.migrate.report import HumanItem
+
+    _, migration = _migrated("model_demo_block", tmp_path)
+    helper = migration.results[1]
+    assert helper.filename == "model.py" and not helper.changed
+    out = io.StringIO()
+    migration.render(out)
+    assert "model.py: imported by" not in out.getvalue()
+    helper.needs_human.append(HumanItem("planted: something to do by hand", None))
+    out = io.StringIO()
+    migration.render(out)
+    text = out.getvalue()
+    assert "model.py: imported by train.py (unchanged)" in text
+    assert "planted: something to do by hand" in text
+    assert "1 file to change" in text
