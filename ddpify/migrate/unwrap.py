@@ -37,7 +37,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
         return edits
     if tree.calls_to("copy.deepcopy"):
         _copies_of_wrappers(tree, plan, edits)
-    _networks_fetched_by_name(tree, plan, edits)
+    if "getattr(" in tree.text:
+        _networks_fetched_by_name(tree, plan, edits)
     return edits
 
 
