@@ -45,28 +45,28 @@ def test_a_copy_made_before_the_wrap_is_left_as_it_is():
     assert "generator_ema = copy.deepcopy(nets.generator)\n" in out
 
 
-# One process runs the original project on the CPU, then the converted one resuming from
-# the original's checkpoint (copied where it looks); it prints both checkpoints' keys.
+# One process writes the checkpoint the original writes on the CPU (its own network
+# builder, no DataParallel without GPUs), then runs the converted project resuming from it;
+# it prints both checkpoints' keys.
 RESUME = """
-import os, runpy, shutil, sys
+import os, runpy, sys
 import torch
 
-def run(folder, *args):
-    for name in [m for m in sys.modules if m.split(".")[0] in ("data", "models", "options")]:
-        del sys.modules[name]
-    os.chdir(folder)
-    sys.path.insert(0, folder)
-    sys.argv = ["train.py", "--n_epochs", "1", *args]
-    runpy.run_path("train.py", run_name="__main__")
-    sys.path.remove(folder)
-    state = torch.load(os.path.join(folder, "checkpoints/denoise/latest_net_G.pth"))
-    return sorted(state)
-
 original, converted = sys.argv[1:3]
-print("original", run(original))
-# The converted run resumes from the original's checkpoint, then saves its own.
-shutil.copytree(os.path.join(original, "checkpoints"), os.path.join(converted, "checkpoints"))
-print("converted", run(converted, "--continue_train"))
+sys.path.insert(0, original)
+from models import networks  # the original's
+
+folder = os.path.join(converted, "checkpoints", "denoise")
+os.makedirs(folder)
+torch.save(networks.define_G(32, gpu_ids=[]).state_dict(), os.path.join(folder, "latest_net_G.pth"))
+print("original", sorted(torch.load(os.path.join(folder, "latest_net_G.pth"))))
+for name in [m for m in sys.modules if m.split(".")[0] == "models"]:
+    del sys.modules[name]
+sys.path[0] = converted
+os.chdir(converted)
+sys.argv = ["train.py", "--n_epochs", "1", "--continue_train"]
+runpy.run_path("train.py", run_name="__main__")
+print("converted", sorted(torch.load(os.path.join(folder, "latest_net_G.pth"))))
 """
 
 
