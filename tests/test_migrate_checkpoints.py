@@ -14,9 +14,12 @@ import shutil
 import subprocess
 import sys
 
+import libcst as cst
 import pytest
 
-from ddpify.migrate import migrate_source
+from ddpify.analysis.tree import Tree
+from ddpify.migrate import migrate_source, unwrap
+from ddpify.migrate.analyze import Options, Plan, Shape
 from tests.helpers import FIXTURES
 
 CASES = FIXTURES / "migrate"
@@ -94,3 +97,39 @@ def test_the_converted_registry_saves_and_resumes_the_originals_keys_on_the_cpu(
     assert "loading the model from" in done.stdout  # the converted run resumed
     assert lines["original"] == lines["converted"]
     assert "module." not in lines["converted"] and "body.0.weight" in lines["converted"]
+
+
+WRAPPED_ON_ONE_PATH = """\
+import copy
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def train(model, loader, optimizer, distributed):
+    if distributed:
+        model = DDP(model)
+    best = None
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        best = copy.deepcopy(model)
+    return best
+"""
+
+
+def test_a_copy_of_a_model_wrapped_on_one_path_only_unwraps_where_it_is_wrapped():
+    """Where the wrap ran on some paths only, `model.module` would fail on the others:
+    the copy takes `getattr(model, "module", model)`, the plain module on every path."""
+    module = cst.parse_module(WRAPPED_ON_ONE_PATH)
+    tree = Tree(module, WRAPPED_ON_ONE_PATH)
+    plan = Plan(Shape.SINGLE, Options())
+    edits = unwrap.run(tree, plan)
+    out = edits.apply(module, tree.parent).code
+    assert 'best = copy.deepcopy(getattr(model, "module", model))' in out
+    assert [change.code for change in plan.changes] == ["DDP051"]
+    # Already through `.module`: a second run changes nothing.
+    again = Tree(cst.parse_module(out), out)
+    assert not unwrap.run(again, Plan(Shape.SINGLE, Options()))
