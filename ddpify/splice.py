@@ -30,8 +30,11 @@ import libcst as cst
 
 from ddpify.codegen import node_code
 
-# Compound statements whose body block is spliced (no else/except clauses to follow).
-_DESCENDED = (cst.FunctionDef, cst.ClassDef, cst.If, cst.For, cst.While, cst.With)
+# Compound statements whose blocks are spliced: the body, and those of the clauses that
+# follow it (`elif`, `else`, `except`, `finally`).
+_DESCENDED = (cst.FunctionDef, cst.ClassDef, cst.If, cst.For, cst.While, cst.With, cst.Try)
+# The fields that link a statement to its clauses: not part of its header.
+_CLAUSE_FIELDS = ("body", "orelse", "handlers", "finalbody")
 _PASS = cst.SimpleStatementLine([cst.Pass()])
 
 
@@ -170,39 +173,101 @@ def _aligned_after(place: list[int | None], i: int, old_length: int) -> bool:
 
 
 def _rebuilt(new: cst.BaseStatement, old: cst.BaseStatement) -> bool:
+    if type(new) is not type(old) or not isinstance(new, _DESCENDED):
+        return False
+    chain, old_chain = _clauses(new), _clauses(old)
     return (
-        type(new) is type(old)
-        and isinstance(new, _DESCENDED)
-        and isinstance(new.body, cst.IndentedBlock)
-        and isinstance(old.body, cst.IndentedBlock)
-        and getattr(new, "orelse", None) is None
-        and getattr(old, "orelse", None) is None
-        and new.body.indent == old.body.indent
+        chain is not None
+        and old_chain is not None
+        and [type(c) for c in chain] == [type(c) for c in old_chain]
+        and all(
+            c.body.indent == o.body.indent and _same(c.body.header, o.body.header)
+            for c, o in zip(chain, old_chain)
+        )
         and _same(new.leading_lines, old.leading_lines)
-        and _same(new.body.header, old.body.header)
     )
 
 
+def _clauses(statement) -> list | None:
+    """The statement, then each clause that follows its body (`elif` as the `If` it is,
+    `else`, each `except`, `finally`), in the order of the text; None when a block is not
+    an indented one (`else: pass` on one line)."""
+    chain = [statement]
+    if isinstance(statement, cst.Try):
+        chain += list(statement.handlers)
+        chain += [c for c in (statement.orelse, statement.finalbody) if c is not None]
+    else:
+        clause = getattr(statement, "orelse", None)
+        while clause is not None:
+            chain.append(clause)
+            clause = clause.orelse if isinstance(clause, cst.If) else None
+    if not all(isinstance(c.body, cst.IndentedBlock) for c in chain):
+        return None
+    return chain
+
+
 def _descend(new, old, indents: tuple[str, ...], style: _Style, following: _Next | None):
-    """A rebuilt compound statement as the parser makes it: its header, then its block
-    spliced statement by statement."""
-    block, old_block = new.body, old.body
+    """A rebuilt compound statement as the parser makes it: its header, then each block
+    (its body, then its clauses') spliced statement by statement. A block that a clause
+    follows is spliced with the clause's leading lines where its end is checked."""
+    chain, old_chain = _clauses(new), _clauses(old)
+    assert chain is not None and old_chain is not None  # _rebuilt said so
+    blocks = []
+    for index, (clause, old_clause) in enumerate(zip(chain, old_chain)):
+        if index + 1 < len(chain):
+            after = _Next(indents, chain[index + 1].leading_lines)
+        else:
+            after = following
+        if index > 0 and not _same_header(clause, old_clause):
+            raise _NoSplice  # a clause's header cannot be parsed alone
+        if clause.body is old_clause.body:
+            blocks.append(old_clause.body)  # its text and what follows it are unchanged
+            continue
+        blocks.append(_spliced_block(clause.body, old_clause.body, indents, style, after))
+    if _same_header(new, old):
+        shell = old
+    elif len(chain) == 1:
+        shell = _parse_header(new, indents, style)
+    else:
+        raise _NoSplice
+    return _relinked(shell, old_chain, blocks)
+
+
+def _spliced_block(block, old_block, indents, style: _Style, after: _Next | None):
     inner = (*indents, style.indent if block.indent is None else block.indent)
-    body, regions = _spliced_body(block, old_block, inner, style, following)
+    body, regions = _spliced_body(block, old_block, inner, style, after)
     if regions and regions[-1].stop == len(block.body):
         footer = regions[-1].footer
     else:
         _require_same(block.footer, old_block.footer)
         footer = old_block.footer
-    shell = old if _same_header(new, old) else _parse_header(new, indents, style)
-    return shell.with_changes(body=shell.body.with_changes(body=body, footer=footer))
+    return old_block.with_changes(body=body, footer=footer)
+
+
+def _relinked(shell, old_chain: list, blocks: list):
+    """`shell` (the statement as the parser makes its header) with the spliced blocks in
+    the clauses of `old_chain` (the old statement's, whose headers are the new ones)."""
+    clauses = [
+        c if c.body is b else c.with_changes(body=b) for c, b in zip(old_chain[1:], blocks[1:])
+    ]
+    head = shell.with_changes(body=blocks[0])
+    if isinstance(shell, cst.Try):
+        handlers = clauses[: len(shell.handlers)]
+        rest = clauses[len(shell.handlers) :]
+        orelse = rest.pop(0) if shell.orelse is not None else None
+        finalbody = rest.pop(0) if shell.finalbody is not None else None
+        return head.with_changes(handlers=handlers, orelse=orelse, finalbody=finalbody)
+    for index in range(len(clauses) - 2, -1, -1):  # an elif chain: from its end
+        if clauses[index].orelse is not clauses[index + 1]:
+            clauses[index] = clauses[index].with_changes(orelse=clauses[index + 1])
+    return head.with_changes(orelse=clauses[0]) if clauses else head
 
 
 def _same_header(new, old) -> bool:
     return all(
         _same(getattr(new, field.name), getattr(old, field.name))
         for field in dataclasses.fields(new)
-        if field.name != "body"
+        if field.name not in _CLAUSE_FIELDS
     )
 
 

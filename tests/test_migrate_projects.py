@@ -534,3 +534,38 @@ def test_the_first_of_a_list_is_this_process_gpu_only_when_the_list_holds_gpu_id
     assert "net = torch.nn.DataParallel(net, gpu_ids)" not in outputs["nets.py"]
     assert "x.to(devices[0]), y.to(devices[0])" in outputs["train.py"]
     assert "torch.nn.Linear(4, 4).to(device_ids[0])" in outputs["nets.py"]
+
+
+def test_an_imported_modules_demo_block_is_left_as_written(tmp_path):
+    """model.py ends in an `if __name__ == "__main__":` demo that prints the network and
+    tries it under DataParallel: importing model.py never runs it, so the project is a
+    single-GPU one (not refused as a DataParallel wrap under a condition) and the demo's
+    prints get no rank guard."""
+    work, migration = _migrated("model_demo_block", tmp_path)
+    assert migration.migrated, migration.entry.reason
+    assert migration.summary().shape == "single-GPU"
+    changed = {result.filename for result in migration.changed_results}
+    assert changed == {"train.py"}
+    assert 'if RANK == 0:\n            print(f"epoch' in migration.results[0].output
+
+
+def test_a_module_with_nothing_to_change_still_shows_what_a_human_must_do(tmp_path):
+    """The report lists an imported module that keeps its code but holds a needs-human
+    item (before, only changed modules were listed, and the item was lost)."""
+    import io
+
+    from ddpify.migrate.report import HumanItem
+
+    _, migration = _migrated("model_demo_block", tmp_path)
+    helper = migration.results[1]
+    assert helper.filename == "model.py" and not helper.changed
+    out = io.StringIO()
+    migration.render(out)
+    assert "model.py: imported by" not in out.getvalue()
+    helper.needs_human.append(HumanItem("planted: something to do by hand", None))
+    out = io.StringIO()
+    migration.render(out)
+    text = out.getvalue()
+    assert "model.py: imported by train.py (unchanged)" in text
+    assert "planted: something to do by hand" in text
+    assert "1 file to change" in text

@@ -44,6 +44,25 @@ def test_a_weighted_sampler_is_replaced_by_the_distributed_one_written_once():
     assert migrate_source(out, "t.py").output == out  # a second run leaves it be
 
 
+def test_the_import_the_conversion_made_unused_is_dropped_and_no_other():
+    """WeightedRandomSampler is no longer called once the sampler is converted: its
+    import goes; a name the user imported and never used (`RandomSampler`) stays, and so
+    does the class where the script still names it (an `isinstance` check)."""
+    before = (CASES / "weighted_sampler_balanced" / "before.py").read_text()
+    out = migrate(before).output
+    assert "from torch.utils.data import DataLoader, TensorDataset\n" in out
+    assert "WeightedRandomSampler(" not in out.replace("DistributedWeightedSampler(", "")
+    imported = "TensorDataset, WeightedRandomSampler"
+    left_unused = before.replace(imported, "RandomSampler, " + imported)
+    out = migrate(left_unused).output
+    assert "from torch.utils.data import DataLoader, RandomSampler, TensorDataset\n" in out
+    returned = "    return train_loader, val_loader"
+    check = "    assert isinstance(sampler, WeightedRandomSampler)\n"
+    still_named = before.replace(returned, check + returned)
+    out = migrate(still_named).output
+    assert "from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler" in out
+
+
 def _sampler_class(rank: int, world: int):
     torch = pytest.importorskip("torch")
     code = snippets.WEIGHTED_SAMPLER.format(name="Weighted", torch="torch")

@@ -86,6 +86,79 @@ if __name__ == "__main__":
 '''
 
 
+# The same, in the blocks of clauses: elif/else chains, for-else, try with several except
+# clauses, else and finally, comments at each clause's edge and at odd indentations.
+AWKWARD_CLAUSES = """\
+import torch
+
+
+def train(model, loader, rank, steps=10):
+    try:
+        for step, (x, y) in enumerate(loader):
+            loss = model(x, y)
+            loss.backward()
+            # the loop body's last comment
+        else:
+            print("epoch done")
+        # before the first except, at the try's indentation
+    except KeyboardInterrupt:
+        print("interrupted")
+            # deeper than the except's body
+    except (RuntimeError, ValueError) as error:  # trailing on the except
+        print("failed", error)
+        raise
+    else:
+        torch.save(model.state_dict(), "model.pt")
+    # before finally
+    finally:
+        print("closing")
+    if rank == 0:
+        print("rank zero")
+    elif rank == 1:
+        # first in an elif
+        print("rank one")
+
+    elif rank > 1:
+        print("another rank")
+    else:
+        print("no rank")
+        # the else's end
+# column 0 before the while
+    while steps > 0:
+        steps -= 1
+        if steps % 2:
+            continue
+    else:
+        print("counted down")
+    return loss
+
+
+class Runner:
+    def run(self, loader):
+        for batch in loader:
+            if batch is None:
+                break
+            elif len(batch) == 1:
+                print("one")
+            else:
+                try:
+                    self.step(batch)
+                except StopIteration:
+                    pass
+        else:
+            print("all batches")
+
+
+if __name__ == "__main__":
+    try:
+        train(None, [], 0)
+    except Exception:
+        print("failed")
+    else:
+        print("ok")
+"""
+
+
 def _assert_parse_of(module: cst.Module, text: str) -> None:
     full = cst.parse_module(text)
     assert module.code == text
@@ -213,6 +286,54 @@ def test_a_rewrite_inside_a_function_reparses_only_around_it():
     # top-level statement is the input's own object.
     assert sum(len(source) for source in parsed) < 200
     assert sum(a is b for a, b in zip(module.body, old.body)) == len(old.body) - 1
+
+
+@pytest.mark.parametrize("variant", ["as written", "CRLF", "tabs"])
+def test_random_rewrites_in_else_and_except_blocks_splice_to_a_full_parse(variant):
+    text = AWKWARD_CLAUSES
+    if variant == "CRLF":
+        text = text.replace("\n", "\r\n")
+    elif variant == "tabs":
+        text = text.replace("    ", "\t")
+    cases = _rewrites(text, seed=len(variant), count=40)
+    assert _check_all(cases) >= 25  # most rewrites splice; the rest are parsed whole
+
+
+def test_a_rewrite_in_an_except_block_reparses_only_around_it():
+    """A statement added in the second `except` of a try that has else and finally
+    clauses: only that block goes through the parser; the try's other blocks and the
+    function's other statements are the input's objects."""
+    old = cst.parse_module(AWKWARD_CLAUSES)
+    tree = Tree(old, AWKWARD_CLAUSES)
+    target = next(
+        n
+        for n in tree.nodes
+        if isinstance(n, cst.SimpleStatementLine)
+        and 'print("failed", error)' in old.code_for_node(n)
+    )
+    edits = Edits()
+    edits.after[target].append(cst.parse_statement("dist.barrier()\n"))
+    new = edits.apply(old, tree.parent)
+    parsed: list[str] = []
+    real = cst.parse_module
+
+    def counting(source: str) -> cst.Module:
+        parsed.append(source)
+        return real(source)
+
+    splice.cst.parse_module = counting  # type: ignore[attr-defined]
+    try:
+        module = splice.splice_parse(old, new, new.code)
+    finally:
+        splice.cst.parse_module = real  # type: ignore[attr-defined]
+    assert module is not None
+    _assert_parse_of(module, new.code)
+    assert sum(len(source) for source in parsed) < 200
+    old_try, new_try = old.body[1].body.body[0], module.body[1].body.body[0]
+    assert new_try.body.body[0] is old_try.body.body[0]  # the loop in the try's body
+    assert new_try.finalbody is old_try.finalbody and new_try.orelse is old_try.orelse
+    assert new_try.handlers[0] is old_try.handlers[0]
+    assert new_try.handlers[1] is not old_try.handlers[1]
 
 
 def test_a_statement_that_becomes_the_first_is_parsed_again():

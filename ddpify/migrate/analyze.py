@@ -17,6 +17,7 @@ from ddpify.analysis.batches import carried_state, model_calls
 from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted
+from ddpify.analysis.reachability import in_imported_main_block
 from ddpify.analysis.roles import (  # noqa: F401 - the passes import the roles from here too
     DATA_LOADER,
     DATA_PARALLEL,
@@ -119,6 +120,9 @@ class Plan:
     hand_made: str | None = None  # how hand-made batches were sharded, for the report
     replicated: str | None = None  # why and how steps run whole on every rank, for the report
     entry: bool = True  # the script that starts the run (not a module it imports)
+    # names whose uses a pass rewrote away (`WeightedRandomSampler`): the imports pass drops
+    # their import once nothing uses them, never an import the user had left unused
+    replaced_names: set[str] = field(default_factory=set)
     # (why, anchor) of each item in `human`: a repeated item is dropped in one lookup, not a
     # scan of every item so far (a large script asks thousands of times)
     _human_keys: set[tuple[str, str | None]] = field(default_factory=set, repr=False)
@@ -168,6 +172,7 @@ def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
         data_parallel_of_trained(t, call, t is tree)
         for t in trees
         for call in t.calls_to(DATA_PARALLEL)
+        if not in_imported_main_block(tree.view, call)  # a demo the project never runs
     ):
         return Shape.DATA_PARALLEL, None
     return Shape.SINGLE, None

@@ -11,6 +11,7 @@ import libcst as cst
 
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.reachability import in_imported_main_block
 from ddpify.analysis.roles import DATA_PARALLEL, data_parallel_of_trained
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
@@ -27,6 +28,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if not plan.shape.converts:
         return edits
     for string in tree.find(cst.SimpleString):
+        if in_imported_main_block(tree.view, string):
+            continue  # an imported module's demo: the project's run never runs it
         if string.evaluated_value in CUDA_LITERALS and _names_a_device(tree, string):
             quote = string.quote
             edits.replace(string, snippets.expression(f"f{quote}cuda:{{LOCAL_RANK}}{quote}"))
@@ -34,6 +37,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
                 NAME, f"{string.value} -> this process's GPU", "cuda:{LOCAL_RANK}", "DDP010"
             )
     for call in tree.find(cst.Call, lambda c: method_name(c) == "cuda"):
+        if in_imported_main_block(tree.view, call):
+            continue
         if not call.args or _is_zero(call.args[0].value):
             edits.replace(call, call.with_changes(args=[cst.Arg(cst.Name("LOCAL_RANK"))]))
             plan.change(NAME, ".cuda() -> .cuda(LOCAL_RANK)", ".cuda(LOCAL_RANK)", "DDP010")

@@ -109,13 +109,16 @@ def _drop_unused(tree, plan, edits, imports) -> None:
     used = _used_names(tree)
     for stmt in imports:
         module = _module(stmt)
-        if not module.startswith(DROPPABLE):
-            continue
         node = stmt.body[0]
         if isinstance(node.names, cst.ImportStar):
             continue
         bound = [_bound(alias) for alias in node.names]
-        keep = [alias for alias, name in zip(node.names, bound) if name in used]
+        if module.startswith(DROPPABLE):
+            keep = [alias for alias, name in zip(node.names, bound) if name in used]
+        else:
+            # Only what a pass stopped using: an import the user left unused stays.
+            dropped = plan.replaced_names - used
+            keep = [alias for alias, name in zip(node.names, bound) if name not in dropped]
         if len(keep) == len(bound):
             continue
         if not keep:

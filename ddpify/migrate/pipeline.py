@@ -26,7 +26,17 @@ from ddpify.gates import (
 )
 from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, guarded
-from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, shared_dirs, wrap
+from ddpify.migrate import (
+    amp,
+    data,
+    device,
+    entrypoint,
+    imports,
+    rank_zero,
+    shared_dirs,
+    unwrap,
+    wrap,
+)
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze_project
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.report import HumanItem, MigrationResult
@@ -42,6 +52,8 @@ PASSES: list[Pass] = [
     (rank_zero.NAME, rank_zero.run),
     (shared_dirs.NAME, shared_dirs.run),
     (imports.NAME, imports.run),
+    # Reads the wrapped script once its DDP import is there: copies, checkpoints by name.
+    (unwrap.NAME, unwrap.run),
 ]
 
 

@@ -65,7 +65,8 @@ class ProjectMigration:
             entry.render(stream, script)
             self._render_computed_imports(stream)
             return
-        others = [r for r in self.results[1:] if r.changed]
+        # A module with nothing to change may still hold something a human must do.
+        others = [r for r in self.results[1:] if r.changed or r.needs_human]
         files = len(self.changed_results)
         write(
             f"{entry.filename}: project of {len(self.project.modules)} local modules; "
@@ -73,7 +74,8 @@ class ProjectMigration:
         )
         entry.render(stream, script)
         for result in others:
-            write(f"\n{result.filename}: imported by {entry.filename}\n")
+            unchanged = "" if result.changed else " (unchanged)"
+            write(f"\n{result.filename}: imported by {entry.filename}{unchanged}\n")
             result.render_changes(stream)
         for path, what, why in self.project.problems:
             write(f"\nnot followed: `{what}` in {self.project.relative(path)}: {why}\n")

@@ -81,6 +81,8 @@ def shard_weighted(tree: Tree, plan: Plan, edits: Edits, drawing: DrawingLoader)
         return
     torch = tree.alias_for("torch")
     name = snippets.WEIGHTED_SAMPLER_CLASS
+    if isinstance(sampler.func, cst.Name):
+        plan.replaced_names.add(sampler.func.value)
     edits.replace(sampler, lambda updated: updated.with_changes(func=cst.Name(name)))
     if name not in {c.name.value for c in tree.find(cst.ClassDef)}:
         code = snippets.WEIGHTED_SAMPLER.format(name=name, torch=torch or "torch")
