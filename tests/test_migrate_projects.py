@@ -569,3 +569,82 @@ def test_a_module_with_nothing_to_change_still_shows_what_a_human_must_do(tmp_pa
     assert "model.py: imported by train.py (unchanged)" in text
     assert "planted: something to do by hand" in text
     assert "1 file to change" in text
+
+
+_TRAIN_WITH_EVALUATE = (
+    "import torch\n"
+    "from torch.utils.data import DataLoader, TensorDataset\n\n"
+    "from evaluation import evaluate\n\n"
+    "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+    "loader = DataLoader(data, batch_size=8, shuffle=True)\n"
+    "model = torch.nn.Linear(4, 1)\n"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "for epoch in range(2):\n"
+    "    for x, y in loader:\n"
+    "        optimizer.zero_grad()\n"
+    "        torch.nn.functional.mse_loss(model(x), y).backward()\n"
+    "        optimizer.step()\n"
+    "    print(epoch, evaluate(model, data))\n"
+)
+_EVALUATE = (
+    "import torch\n"
+    "from torch.utils.data import DataLoader\n\n\n"
+    "def evaluate(model, dataset):\n"
+    "    loader = DataLoader(dataset, batch_size=64)\n"
+    "    total = 0.0\n"
+    "    with torch.no_grad():\n"
+    "        for x, y in loader:\n"
+    "            total += torch.nn.functional.mse_loss(model(x), y, reduction='sum').item()\n"
+    "    return total / len(dataset)\n"
+)
+
+
+def _project(tmp_path: Path, helper: str) -> object:
+    (tmp_path / "train.py").write_text(_TRAIN_WITH_EVALUATE, encoding="utf-8")
+    (tmp_path / "evaluation.py").write_text(helper, encoding="utf-8")
+    return migrate_project(load_project(tmp_path / "train.py"), "train.py")
+
+
+def test_a_helpers_local_loader_is_not_the_training_loader_by_its_name(tmp_path):
+    """`evaluate(model, dataset)` in another module builds its own local `loader`, the
+    same name the script's training loop iterates: it evaluates, so it stays whole (before,
+    it was sharded as "the training loader" and rank 0 scored its own shard only)."""
+    migration = _project(tmp_path, _EVALUATE)
+    assert migration.migrated, migration.entry.reason
+    outputs = {result.filename: result for result in migration.results}
+    assert not outputs["evaluation.py"].changed
+    assert "sampler=DistributedSampler(data, shuffle=True)" in outputs["train.py"].output
+
+
+def test_a_helpers_local_loader_handed_to_a_training_function_is_sharded(tmp_path):
+    """Noop of the above: a helper that builds a local `loader` and hands it to the
+    function that trains (`train_epoch(model, optimizer, loader)`) builds the training
+    loader, so it is sharded where it is built."""
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "from torch.utils.data import TensorDataset\n\n"
+        "from engine import fit\n\n"
+        "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "fit(model, optimizer, data, epochs=2)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "engine.py").write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n\n\n"
+        "def train_epoch(model, optimizer, loader):\n"
+        "    for x, y in loader:\n"
+        "        optimizer.zero_grad()\n"
+        "        torch.nn.functional.mse_loss(model(x), y).backward()\n"
+        "        optimizer.step()\n\n\n"
+        "def fit(model, optimizer, dataset, epochs):\n"
+        "    loader = DataLoader(dataset, batch_size=8, shuffle=True)\n"
+        "    for epoch in range(epochs):\n"
+        "        train_epoch(model, optimizer, loader)\n",
+        encoding="utf-8",
+    )
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    outputs = {result.filename: result.output for result in migration.results}
+    assert "sampler=DistributedSampler(dataset, shuffle=True)" in outputs["engine.py"]

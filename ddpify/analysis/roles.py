@@ -746,7 +746,7 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
     loaders = []
     for call in tree.calls_to(DATA_LOADER):
         names = _names_of_loader(tree, call)
-        if names & loader_names:
+        if names & loader_names and not _local_loader_unused_by(tree, call, loops):
             names -= _evaluation_results(tree, call, loader_names)
             loaders.append(Loader(call, names | _aliases_in_loops(tree, loops, names)))
     found = {n for loader in loaders for n in loader.names}
@@ -765,6 +765,33 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
         elif all(outer.call is not known.call for known in loaders):
             loaders.append(outer)
     return _loaders_fed_by_next(tree, loaders, still)
+
+
+def _local_loader_unused_by(tree, call: cst.Call, loops: list) -> bool:
+    """A loader bound to a plain local name of a function that neither returns it nor
+    hands it to any call, and that no training loop of that function iterates: the name
+    only coincides with the training loop's (`loader` in an `evaluate(model, data)` helper
+    beside `for x, y in loader:` in the script), so it is not the training loader."""
+    func = tree.function(call)
+    target = bound_target(tree, call)
+    if func is None or target is None or "." in target:
+        return False
+    if _returned_position(tree, func, target) is not None or _declared_outer(tree, func, target):
+        return False
+    if any(tree.inside(loop, func) and iterated_name(loop, tree) == target for loop in loops):
+        return False
+    for other in tree.within(func, cst.Call):
+        if other is not call and any(dotted(arg.value) == target for arg in other.args):
+            return False  # handed on: the callee's loop may train on it
+    return True
+
+
+def _declared_outer(tree, func: cst.FunctionDef, name: str) -> bool:
+    """`global name` / `nonlocal name` in `func`: the binding is not local."""
+    return any(
+        name in {n.name.value for n in decl.names}
+        for decl in tree.within(func, (cst.Global, cst.Nonlocal))
+    )
 
 
 def _evaluation_results(tree, call: cst.Call, trained: set[str]) -> set[str]:
