@@ -19,6 +19,7 @@ from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.analysis.tree import Tree
+from ddpify.analysis.wrappers import FED_TYPES, WrapperFacts
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
@@ -44,6 +45,8 @@ class Context:
         self.module = module
         self.imports = ImportMap()
         self.model = ScriptModel(self.imports)
+        # Which names hold the DDP wrapper where: fed by the engine's walk, read by rules.
+        self.wrappers = WrapperFacts(self.imports)
         self.ancestors: list[cst.CSTNode] = []
         # Functions this file imports from local modules (read only when a rule asks).
         self.local = LocalFunctions(filename)
@@ -183,6 +186,8 @@ class _Dispatcher:
             self.parents[node] = ancestors[-1]
         ancestors.append(node)
         self.context.model.visit(node)
+        if type(node) in FED_TYPES:
+            self.context.wrappers.visit(node, ancestors)
         handlers = self.visitors.get(type(node).__name__)
         if handlers:  # most nodes (names, operators, whitespace) have none
             self._call(handlers, node)

@@ -1,4 +1,4 @@
-"""Training-loop facts: DDP wrappers, sharded loaders, collectives, optimizer steps,
+"""Training-loop facts: sharded loaders, collectives, optimizer steps,
 gradient-accumulation conditions and rank-local exits.
 
 The rules of the training loop and the metrics rule ask these questions; so can the
@@ -93,34 +93,7 @@ def names_of(node: cst.CSTNode) -> set[str]:
     return found
 
 
-# -- the DDP wrapper and sharded loaders ---------------------------------------------------
-
-
-def wraps_ddp(model: ScriptModel, value: cst.BaseExpression) -> bool:
-    """`DDP(m, ...)`, `DDP(m).to(d)`, and `DDP(m) if distributed else m`."""
-    if isinstance(value, cst.IfExp):
-        return wraps_ddp(model, value.body) or wraps_ddp(model, value.orelse)
-    call = unwrap_call_chain(value)
-    return call is not None and model.imports.qualify(call.func) == DDP
-
-
-def ddp_wrappers(model: ScriptModel) -> set[str]:
-    """Names ever assigned a DistributedDataParallel wrapper (`model`, `self.model`)."""
-    if not model.calls.get(DDP):
-        return set()
-    return {
-        target
-        for target, values in model.bindings.items()
-        if any(wraps_ddp(model, value) for value in values)
-    }
-
-
-def always_ddp(model: ScriptModel, name: str) -> bool:
-    """Every assignment to `name` is a plain DDP call (so `.no_sync()` always exists)."""
-    values = model.bindings.get(name, [])
-    return bool(values) and all(
-        not isinstance(v, cst.IfExp) and wraps_ddp(model, v) for v in values
-    )
+# -- sharded loaders (the DDP wrapper: ddpify/analysis/wrappers.py) ----------------------
 
 
 @dataclass(frozen=True)

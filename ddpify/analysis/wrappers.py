@@ -1,14 +1,20 @@
 """The DDP wrapper: where a model is wrapped, and which names hold the wrapper where.
 
 Collected node by node during the engine's one traversal (`WrapperFacts.visit`, fed by
-the rules that ask, through `wrappers_for(context)`), or in a traversal of its own with
-`collect(module)` for callers outside the engine (the migration passes).
+the engine itself: every rule reads the one `context.wrappers`), or in a traversal of its
+own with `collect(module)` for callers outside the engine (the migration passes). This
+module is the one answer to "which names hold the DDP wrapper": the rules of the wrapping
+and training-loop areas read it (`always_wrapped_in` asks it of another module's model).
 
 - `wraps`: each `DistributedDataParallel(...)` call, the name it is bound to
   (`model`, `self.model`), the name of the module it wraps (`model` in
   `DDP(model.to(dev))`), its statement and its place in the file;
 - `wrap_held(expr, ancestors, seq)`: the wrap a name or `self.attr` holds at a point
   of the script (scoped: a function's own names, a class's `self.` attributes, globals);
+- `wrapped_names()`, `always_wrapped(name)`: the same bindings by name alone, whatever
+  the scope (a training loop in `train(model, ...)` reads the `model` that `main` wrapped
+  and passed it): the names ever assigned a wrapper, and whether every assignment of a
+  name is a plain wrap (so `name.no_sync()` always exists);
 - `may_follow(first, second)`: whether the second place can run after the first (not in
   the other branch of the same `if`);
 - `DDP_ATTRIBUTES`: the public attributes a DDP wrapper has itself (everything
@@ -21,20 +27,15 @@ number: cheap to record, compared only for the few candidates a rule keeps.
 from __future__ import annotations
 
 import re
-import weakref
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import ImportMap, dotted, find_arg
 from ddpify.walk import children, is_kind, walk
-
-if TYPE_CHECKING:
-    from ddpify.engine import Context
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 Ancestors = tuple[cst.CSTNode, ...]
@@ -229,6 +230,30 @@ class WrapperFacts:
         binding = self.binding_of(name, place)
         return self.wrap_in(binding.value) if binding is not None else None
 
+    def wrapped_names(self) -> set[str]:
+        """Names ever assigned a DistributedDataParallel wrapper (`model`, `self.model`),
+        in any scope: `x = DDP(m)`, `x = DDP(m).to(d)`, `x = DDP(m) if c else m`."""
+        if not self.wraps:
+            return set()
+        return {
+            name
+            for (_, name), bindings in self.bindings.items()
+            if any(self.wrap_in(binding.value) is not None for binding in bindings)
+        }
+
+    def always_wrapped(self, name: str) -> bool:
+        """Every assignment to `name`, in any scope, is a plain wrap (not `DDP(m) if c
+        else m`): the name always holds a wrapper, so `name.no_sync()` always exists."""
+        values = [
+            binding.value
+            for (_, bound), found in self.bindings.items()
+            if bound == name
+            for binding in found
+        ]
+        return bool(values) and all(
+            not isinstance(value, cst.IfExp) and self.wrap_in(value) is not None for value in values
+        )
+
     def held_on_every_path(self, expr: cst.BaseExpression, place: Place) -> bool:
         """Whether every path reaching `place` assigned the wrapper `expr` holds there
         (not `model = DDP(model) if ddp else model`, not under an `if` around it only)."""
@@ -416,16 +441,26 @@ def _assigned_name(ancestors: Ancestors, call: cst.Call) -> str | None:
 
 # -- access --------------------------------------------------------------------------
 
+# The nodes `WrapperFacts.visit` records (by exact type): what the engine feeds it.
+FED_TYPES = frozenset({cst.Call, cst.Assign, cst.AnnAssign})
 
-_facts: weakref.WeakKeyDictionary[Context, WrapperFacts] = weakref.WeakKeyDictionary()
+
+def wraps_ddp(imports: ImportMap, value: cst.BaseExpression) -> bool:
+    """`DDP(m, ...)`, `DDP(m).to(d)`, `DDP(m) if distributed else m`, judged with
+    `imports` as they stand: for a module read outside the engine's walk."""
+    if isinstance(value, cst.IfExp):
+        return wraps_ddp(imports, value.body) or wraps_ddp(imports, value.orelse)
+    call = unwrap_call_chain(value)
+    return call is not None and imports.qualify(call.func) == DDP
 
 
-def wrappers_for(context: Context) -> WrapperFacts:
-    """One shared record per linted file, whichever rules feed it."""
-    found = _facts.get(context)
-    if found is None:
-        found = _facts[context] = WrapperFacts(context.imports)
-    return found
+def always_wrapped_in(model: ScriptModel, name: str) -> bool:
+    """`WrapperFacts.always_wrapped` for another module of the project, from its script
+    model (the modules that import a helper are read, not walked by the engine)."""
+    values = model.bindings.get(name, [])
+    return bool(values) and all(
+        not isinstance(v, cst.IfExp) and wraps_ddp(model.imports, v) for v in values
+    )
 
 
 def collect(module: cst.Module) -> WrapperFacts:

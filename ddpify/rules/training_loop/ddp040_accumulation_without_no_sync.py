@@ -31,14 +31,12 @@ from ddpify.analysis.training import (
     DDP,
     Located,
     accumulation_test,
-    always_ddp,
-    ddp_wrappers,
     is_optimizer_step,
     names_of,
     own_nodes,
     walk_subtree,
-    wraps_ddp,
 )
+from ddpify.analysis.wrappers import WrapperFacts, always_wrapped_in, wraps_ddp
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.training_loop._common import LoopRule
@@ -90,7 +88,7 @@ class AccumulationWithoutNoSync(LoopRule):
         model = self.context.model
         if not model.method_calls.get("backward") or not self.applies():
             return
-        wrappers = ddp_wrappers(model)
+        wrappers = self.context.wrappers.wrapped_names()
         imports_ddp = DDP in self.context.imports.aliases.values()
         if not wrappers and not imports_ddp:
             imports_ddp = self._wrapped_in_another_module()
@@ -225,7 +223,7 @@ class AccumulationWithoutNoSync(LoopRule):
     def _fix(self, found: _Accumulation) -> NodeFix | None:
         if found.forward_index is None:
             return None
-        if not _safe_to_wrap(self.context.model, found, self._optimizers()):
+        if not _safe_to_wrap(self.context.wrappers, found, self._optimizers()):
             return None
         nullcontext, import_fix = self._nullcontext()
         if nullcontext is None:
@@ -351,10 +349,10 @@ def _forward_outside(loop: cst.CSTNode, block: cst.With, wrapper: str) -> bool:
 
 def _is_ddp(model, value: cst.BaseExpression) -> bool:
     """`DDP(m)` itself, or a name every assignment of which is one (in `model`'s module)."""
-    if wraps_ddp(model, value) and not isinstance(value, cst.IfExp):
+    if wraps_ddp(model.imports, value) and not isinstance(value, cst.IfExp):
         return True
     name = dotted(value)
-    return name is not None and always_ddp(model, name)
+    return name is not None and always_wrapped_in(model, name)
 
 
 def _is_plain_import(statement: cst.CSTNode) -> bool:
@@ -485,14 +483,14 @@ def _accumulation_step(
     return None
 
 
-def _safe_to_wrap(model, found: _Accumulation, optimizers: set[str]) -> bool:
+def _safe_to_wrap(wrappers: WrapperFacts, found: _Accumulation, optimizers: set[str]) -> bool:
     """The fix evaluates the step test before the forward: it must mean the same there.
 
     So: the wrapper is always a DDP object (it has `no_sync`), the test calls nothing
     but `len` and reads nothing the loop body assigns, and the loop steps the optimizer
     nowhere else (a step outside the test would use unsynchronised gradients).
     """
-    if not always_ddp(model, found.wrapper):
+    if not wrappers.always_wrapped(found.wrapper):
         return False
     test = found.step_if.test
     for node in own_nodes(test):

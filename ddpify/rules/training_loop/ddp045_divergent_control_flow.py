@@ -20,7 +20,6 @@ from ddpify.analysis.names import dotted
 from ddpify.analysis.training import (
     Located,
     collectives_in,
-    ddp_wrappers,
     names_of,
     reduced_names,
     walk_subtree,
@@ -59,7 +58,7 @@ class DivergentControlFlow(LoopRule):
     def leave_Module(self, node: cst.Module) -> None:
         if not self.loops.exits or not self.applies():
             return
-        wrappers = ddp_wrappers(self.context.model)
+        wrappers = self.context.wrappers.wrapped_names()
         reduced: set[str] | None = None
         for exit_ in self.loops.exits:
             found = self._divergence(exit_)

@@ -56,7 +56,7 @@ class ModifyAfterWrap(WrapperRule):
 
     # -- collection ----------------------------------------------------------------------
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         method = method_name(node)
         if method is None:
             return
@@ -69,7 +69,7 @@ class ModifyAfterWrap(WrapperRule):
             kind = _Kind.CAST if method in _CASTS else _Kind.MOVE
             self._add(node, kind, frozenset({receiver}))
 
-    def on_assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             expr = target.target
             if not isinstance(expr, cst.Attribute):

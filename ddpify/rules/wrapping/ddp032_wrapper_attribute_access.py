@@ -64,7 +64,7 @@ class WrapperAttributeAccess(WrapperRule):
             return
         self.accesses.append(_Access(node, self.place()))
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         if type(node.func) is cst.Name and node.func.value not in _BUILTINS:
             for index, arg in enumerate(node.args):
                 if not arg.star and dotted(arg.value) is not None:
@@ -75,7 +75,7 @@ class WrapperAttributeAccess(WrapperRule):
             if arg is not None and dotted(arg.value) is not None:
                 self.handed.append((node, arg.value, self.place()))
 
-    def on_assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             if isinstance(target.target, cst.Attribute):
                 owner = dotted(target.target.value)

@@ -72,7 +72,7 @@ class BypassWrapperForward(WrapperRule):
         self.forwards: list[_Forward] = []
         self.backwards: list[Place] = []
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if method_name(node) == "backward":
             self.backwards.append(self.place())

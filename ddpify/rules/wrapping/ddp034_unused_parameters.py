@@ -53,13 +53,13 @@ class UnusedParameters(WrapperRule):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.setdefault(node.name.value, node)
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) == "requires_grad_":
             value = node.args[0].value if node.args else None
             if may_switch_off(value):
                 self._add_freeze(node, node.func.value)  # type: ignore[attr-defined]
 
-    def on_assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             expr = target.target
             if isinstance(expr, cst.Attribute) and expr.attr.value == "requires_grad":

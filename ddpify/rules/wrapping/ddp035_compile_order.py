@@ -26,7 +26,7 @@ class CompileOrder(WrapperRule):
         # (the compile call, what it compiles, where)
         self.compiles: list[tuple[cst.Call, cst.BaseExpression, Place]] = []
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         if self.wrappers.callee == COMPILE:
             arg = find_arg(node, "model", 0)
             if arg is not None:
