@@ -26,7 +26,7 @@ from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
-from ddpify.walk import is_kind, walk
+from ddpify.walk import is_kind, new_generation, walk
 
 PARSE_ERROR_CODE = "DDP000"
 PARSE_ERROR_NAME = "syntax-error"
@@ -48,6 +48,9 @@ class Context:
         # Which names hold the DDP wrapper where: fed by the engine's walk, read by rules.
         self.wrappers = WrapperFacts(self.imports)
         self.ancestors: list[cst.CSTNode] = []
+        # The functions among the ancestors (the node being visited aside), innermost last:
+        # "which function is this in" is asked for most calls a rule records.
+        self.functions: list[cst.FunctionDef] = []
         # Functions this file imports from local modules (read only when a rule asks).
         self.local = LocalFunctions(filename)
         self._judged: dict[int, Scope | None] = {}
@@ -139,6 +142,8 @@ class Context:
         return rank_zero_scope(self.ancestors)
 
     def enclosing(self, *types: type) -> cst.CSTNode | None:
+        if types == (cst.FunctionDef,):
+            return self.functions[-1] if self.functions else None
         for node in reversed(self.ancestors[:-1]):
             if is_kind(node, types):
                 return node
@@ -191,8 +196,12 @@ class _Dispatcher:
         handlers = self.visitors.get(type(node).__name__)
         if handlers:  # most nodes (names, operators, whitespace) have none
             self._call(handlers, node)
+        if type(node) is cst.FunctionDef:
+            self.context.functions.append(node)
 
     def leave(self, node: cst.CSTNode) -> None:
+        if type(node) is cst.FunctionDef:
+            self.context.functions.pop()
         handlers = self.leavers.get(type(node).__name__)
         if handlers:
             self._call(handlers, node)
@@ -291,6 +300,7 @@ def _run_rules(
     depends_on: dict[str, str] | None = None,
 ) -> tuple[list[Report], dict[cst.CSTNode, cst.CSTNode]]:
     """The reports, and the parent of each node the walk saw."""
+    new_generation()  # subtree answers of the last lint: kept for the nodes it reused
     context = Context(module, filename)
     _prescan_imports(module, context.imports)
     rules = [rule_type(context) for rule_type in rule_types]

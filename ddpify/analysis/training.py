@@ -72,7 +72,7 @@ def own_nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if type(node) not in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
             stack.extend(reversed(list(children(node))))
 
 
@@ -82,11 +82,11 @@ def names_of(node: cst.CSTNode) -> set[str]:
     stack = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, (cst.Name, cst.Attribute)):
+        if type(current) in (cst.Name, cst.Attribute):
             name = dotted(current)
             if name is not None:
                 found.add(name)
-        if isinstance(current, cst.Attribute):
+        if type(current) is cst.Attribute:
             stack.append(current.value)  # not `attr`: `self.model` does not read `model`
         else:
             stack.extend(children(current))
@@ -120,7 +120,7 @@ SUBSET = "torch.utils.data.Subset"
 
 def _is_rank_subset(model: ScriptModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
     """`Subset(ds, range(rank, len(ds), world))`, directly or by name: a shard by hand."""
-    if isinstance(expr, cst.Call) and model.imports.qualify(expr.func) == SUBSET:
+    if type(expr) is cst.Call and model.imports.qualify(expr.func) == SUBSET:
         indices = find_arg(expr, "indices", 1)
         return indices is not None and (
             per_process_source(indices.value, model.imports, model.bindings) == "the rank"
@@ -199,7 +199,7 @@ def is_collective(model: ScriptModel, call: cst.Call, wrappers: set[str]) -> boo
     if not wrappers:
         return False
     func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+    if type(func) is cst.Attribute and func.attr.value == "forward":
         func = func.value
     if dotted(func) in wrappers:
         return True
@@ -213,7 +213,7 @@ def collectives_in(
     (`train_one_epoch(...)`, `self.evaluate()`), `depth` calls deep."""
     found = []
     for node in own_nodes(root):
-        if not isinstance(node, cst.Call):
+        if type(node) is not cst.Call:
             continue
         if is_collective(model, node, wrappers):
             found.append(node)
@@ -228,9 +228,9 @@ def collectives_in(
 def _helper_called(model: ScriptModel, call: cst.Call) -> cst.FunctionDef | None:
     """The function of this file that `call` runs (by name: `f(...)`, `self.f(...)`)."""
     func = call.func
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return model.functions.get(func.value)
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+    if type(func) is cst.Attribute and type(func.value) is cst.Name:
         if func.value.value in {"self", "cls"}:
             return model.functions.get(func.attr.value)
     return None
@@ -255,12 +255,12 @@ class CallIndex:
         self.by_name: dict[str, list[cst.Call]] = {}
         self.assigns: list[cst.Assign] = []
         for node in walk_subtree(module):
-            if isinstance(node, cst.Call):
+            if type(node) is cst.Call:
                 func = node.func
-                name = func.attr.value if isinstance(func, cst.Attribute) else dotted(func)
+                name = func.attr.value if type(func) is cst.Attribute else dotted(func)
                 if name is not None:
                     self.by_name.setdefault(name, []).append(node)
-            elif isinstance(node, cst.Assign):
+            elif type(node) is cst.Assign:
                 self.assigns.append(node)
 
 
@@ -291,19 +291,19 @@ def reduced_names(model: ScriptModel, root: cst.CSTNode) -> set[str]:
     """Names handed to (or the receivers of) reducing calls anywhere below `root`."""
     found: set[str] = set()
     for node in walk_subtree(root):
-        if isinstance(node, cst.Call) and is_reducing_call(model, node):
+        if type(node) is cst.Call and is_reducing_call(model, node):
             for arg in node.args:
                 found |= names_of(arg.value)
-            if isinstance(node.func, cst.Attribute):
+            if type(node.func) is cst.Attribute:
                 found |= names_of(node.func.value)
     return found
 
 
 def is_exit_call(node: cst.CSTNode) -> bool:
-    if not isinstance(node, cst.Call):
+    if type(node) is not cst.Call:
         return False
     func = node.func
-    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    last = func.attr.value if type(func) is cst.Attribute else getattr(func, "value", None)
     return last in _EXIT_NAMES and dotted(func) in EXIT_CALLS  # cheap test first
 
 
@@ -335,7 +335,7 @@ def accumulation_test(test: cst.BaseExpression, model: ScriptModel | None = None
             if any(accumulation_test(value) for value in model.bindings.get(name, ())):
                 return True
     for node in walk_subtree(test):
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
             if any(_ACCUMULATION.search(name) for name in names_of(node.right)):
                 return True
     return False
@@ -353,13 +353,13 @@ class Located:
 
     def function(self) -> cst.FunctionDef | None:
         for node in reversed(self.ancestors[:-1]):
-            if isinstance(node, cst.FunctionDef):
+            if type(node) is cst.FunctionDef:
                 return node
         return None
 
     def scope(self) -> cst.CSTNode:
         """The class of a method, else the function, else the module, holding the node."""
-        function = self.node if isinstance(self.node, cst.FunctionDef) else self.function()
+        function = self.node if type(self.node) is cst.FunctionDef else self.function()
         if function is None:
             return self.ancestors[0]
         index = self.ancestors.index(function)
