@@ -1,7 +1,7 @@
 """The DDP wrapper: where a model is wrapped, and which names hold the wrapper where.
 
 Collected node by node during the engine's one traversal (`WrapperFacts.visit`, fed by
-the engine itself: every rule reads the one `context.wrappers`), or in a traversal of its
+the engine itself: the rules read the one `context.wrappers`), or in a traversal of its
 own with `collect(module)` for callers outside the engine (the migration passes). This
 module is the one answer to "which names hold the DDP wrapper": the rules of the wrapping
 and training-loop areas read it (`always_wrapped_in` asks it of another module's model).
