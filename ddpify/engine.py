@@ -19,13 +19,14 @@ from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.analysis.tree import Tree
+from ddpify.analysis.wrappers import FED_TYPES, WrapperFacts
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
-from ddpify.walk import is_kind, walk
+from ddpify.walk import is_kind, new_generation, walk
 
 PARSE_ERROR_CODE = "DDP000"
 PARSE_ERROR_NAME = "syntax-error"
@@ -44,7 +45,12 @@ class Context:
         self.module = module
         self.imports = ImportMap()
         self.model = ScriptModel(self.imports)
+        # Which names hold the DDP wrapper where: fed by the engine's walk, read by rules.
+        self.wrappers = WrapperFacts(self.imports)
         self.ancestors: list[cst.CSTNode] = []
+        # The functions among the ancestors (the node being visited aside), innermost last:
+        # "which function is this in" is asked for most calls a rule records.
+        self.functions: list[cst.FunctionDef] = []
         # Functions this file imports from local modules (read only when a rule asks).
         self.local = LocalFunctions(filename)
         self._judged: dict[int, Scope | None] = {}
@@ -136,6 +142,8 @@ class Context:
         return rank_zero_scope(self.ancestors)
 
     def enclosing(self, *types: type) -> cst.CSTNode | None:
+        if types == (cst.FunctionDef,):
+            return self.functions[-1] if self.functions else None
         for node in reversed(self.ancestors[:-1]):
             if is_kind(node, types):
                 return node
@@ -183,11 +191,17 @@ class _Dispatcher:
             self.parents[node] = ancestors[-1]
         ancestors.append(node)
         self.context.model.visit(node)
+        if type(node) in FED_TYPES:
+            self.context.wrappers.visit(node, ancestors)
         handlers = self.visitors.get(type(node).__name__)
         if handlers:  # most nodes (names, operators, whitespace) have none
             self._call(handlers, node)
+        if type(node) is cst.FunctionDef:
+            self.context.functions.append(node)
 
     def leave(self, node: cst.CSTNode) -> None:
+        if type(node) is cst.FunctionDef:
+            self.context.functions.pop()
         handlers = self.leavers.get(type(node).__name__)
         if handlers:
             self._call(handlers, node)
@@ -286,6 +300,7 @@ def _run_rules(
     depends_on: dict[str, str] | None = None,
 ) -> tuple[list[Report], dict[cst.CSTNode, cst.CSTNode]]:
     """The reports, and the parent of each node the walk saw."""
+    new_generation()  # subtree answers of the last lint: kept for the nodes it reused
     context = Context(module, filename)
     _prescan_imports(module, context.imports)
     rules = [rule_type(context) for rule_type in rule_types]

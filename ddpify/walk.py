@@ -131,3 +131,47 @@ def is_kind(node: object, kinds: tuple[type, ...]) -> bool:
     if found is None:
         found = answers[node_type] = issubclass(node_type, kinds)
     return found
+
+
+class SubtreeMemo:
+    """Answers that depend on one subtree alone, kept from one lint to the next.
+
+    libcst's nodes are immutable, so a question about a node's subtree has one answer for
+    the node's life; the language server's next lint reuses every top-level statement an
+    edit did not touch (ddpify/reparse.py), so only the loops and functions of the
+    statement parsed anew are asked about again. Nodes take no weak references: an entry
+    holds its node (so its id cannot be reused while the entry exists), and the engine
+    starts a new generation with every lint (`new_generation`), dropping the entries the
+    lint before did not ask about: a memo holds the nodes of about one file.
+
+    Only for functions of the subtree alone: nothing from the rest of the file, the
+    imports or the configuration may enter the answer.
+    """
+
+    def __init__(self, compute: Callable[[cst.CSTNode], object]) -> None:
+        self._compute = compute
+        self._last: dict[int, tuple[cst.CSTNode, object]] = {}
+        self._now: dict[int, tuple[cst.CSTNode, object]] = {}
+        MEMOS.append(self)
+
+    def __call__(self, node: cst.CSTNode):
+        key = id(node)
+        entry = self._now.get(key)
+        if entry is None or entry[0] is not node:
+            entry = self._last.get(key)
+            if entry is None or entry[0] is not node:
+                entry = (node, self._compute(node))
+            self._now[key] = entry
+        return entry[1]
+
+    def new_generation(self) -> None:
+        self._last, self._now = self._now, {}
+
+
+MEMOS: list[SubtreeMemo] = []
+
+
+def new_generation() -> None:
+    """A new lint starts: each memo keeps only what the last lint asked it about."""
+    for memo in MEMOS:
+        memo.new_generation()

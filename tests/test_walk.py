@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.walk import subtree, walk
+from ddpify.walk import SubtreeMemo, new_generation, subtree, walk
 
 
 def names_in_order(source: str) -> list[str]:
@@ -64,3 +64,21 @@ def test_subtree_yields_what_walk_enters_in_the_same_order():
     assert list(subtree(module)) == entered
     body = module.body[0].body
     assert list(subtree(body))[0] is body
+
+
+def test_subtree_memo_answers_once_per_node_and_keeps_one_lint():
+    """An answer is kept for the node it was computed for, across one new generation (the
+    next lint), and dropped when that lint did not ask about the node."""
+    asked = []
+    memo = SubtreeMemo(lambda node: asked.append(node) or cst.Module([]).code_for_node(node))
+    first, twin = cst.parse_statement("x = 1\n"), cst.parse_statement("x = 1\n")
+    assert memo(first) == memo(first) == "x = 1\n"
+    new_generation()  # the next lint reuses `first`
+    assert memo(first) == "x = 1\n"
+    assert memo(twin) == "x = 1\n"  # the same code in another node: computed anew
+    assert asked == [first, twin]
+    new_generation()  # this lint asks about `twin` only
+    memo(twin)
+    new_generation()
+    memo(first)
+    assert asked == [first, twin, first]

@@ -1,4 +1,4 @@
-"""Training-loop facts: DDP wrappers, sharded loaders, collectives, optimizer steps,
+"""Training-loop facts: sharded loaders, collectives, optimizer steps,
 gradient-accumulation conditions and rank-local exits.
 
 The rules of the training loop and the metrics rule ask these questions; so can the
@@ -72,7 +72,7 @@ def own_nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if type(node) not in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
             stack.extend(reversed(list(children(node))))
 
 
@@ -82,45 +82,18 @@ def names_of(node: cst.CSTNode) -> set[str]:
     stack = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, (cst.Name, cst.Attribute)):
+        if type(current) in (cst.Name, cst.Attribute):
             name = dotted(current)
             if name is not None:
                 found.add(name)
-        if isinstance(current, cst.Attribute):
+        if type(current) is cst.Attribute:
             stack.append(current.value)  # not `attr`: `self.model` does not read `model`
         else:
             stack.extend(children(current))
     return found
 
 
-# -- the DDP wrapper and sharded loaders ---------------------------------------------------
-
-
-def wraps_ddp(model: ScriptModel, value: cst.BaseExpression) -> bool:
-    """`DDP(m, ...)`, `DDP(m).to(d)`, and `DDP(m) if distributed else m`."""
-    if isinstance(value, cst.IfExp):
-        return wraps_ddp(model, value.body) or wraps_ddp(model, value.orelse)
-    call = unwrap_call_chain(value)
-    return call is not None and model.imports.qualify(call.func) == DDP
-
-
-def ddp_wrappers(model: ScriptModel) -> set[str]:
-    """Names ever assigned a DistributedDataParallel wrapper (`model`, `self.model`)."""
-    if not model.calls.get(DDP):
-        return set()
-    return {
-        target
-        for target, values in model.bindings.items()
-        if any(wraps_ddp(model, value) for value in values)
-    }
-
-
-def always_ddp(model: ScriptModel, name: str) -> bool:
-    """Every assignment to `name` is a plain DDP call (so `.no_sync()` always exists)."""
-    values = model.bindings.get(name, [])
-    return bool(values) and all(
-        not isinstance(v, cst.IfExp) and wraps_ddp(model, v) for v in values
-    )
+# -- sharded loaders (the DDP wrapper: ddpify/analysis/wrappers.py) ----------------------
 
 
 @dataclass(frozen=True)
@@ -147,7 +120,7 @@ SUBSET = "torch.utils.data.Subset"
 
 def _is_rank_subset(model: ScriptModel, expr: cst.BaseExpression, depth: int = 0) -> bool:
     """`Subset(ds, range(rank, len(ds), world))`, directly or by name: a shard by hand."""
-    if isinstance(expr, cst.Call) and model.imports.qualify(expr.func) == SUBSET:
+    if type(expr) is cst.Call and model.imports.qualify(expr.func) == SUBSET:
         indices = find_arg(expr, "indices", 1)
         return indices is not None and (
             per_process_source(indices.value, model.imports, model.bindings) == "the rank"
@@ -226,7 +199,7 @@ def is_collective(model: ScriptModel, call: cst.Call, wrappers: set[str]) -> boo
     if not wrappers:
         return False
     func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+    if type(func) is cst.Attribute and func.attr.value == "forward":
         func = func.value
     if dotted(func) in wrappers:
         return True
@@ -240,7 +213,7 @@ def collectives_in(
     (`train_one_epoch(...)`, `self.evaluate()`), `depth` calls deep."""
     found = []
     for node in own_nodes(root):
-        if not isinstance(node, cst.Call):
+        if type(node) is not cst.Call:
             continue
         if is_collective(model, node, wrappers):
             found.append(node)
@@ -255,9 +228,9 @@ def collectives_in(
 def _helper_called(model: ScriptModel, call: cst.Call) -> cst.FunctionDef | None:
     """The function of this file that `call` runs (by name: `f(...)`, `self.f(...)`)."""
     func = call.func
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return model.functions.get(func.value)
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+    if type(func) is cst.Attribute and type(func.value) is cst.Name:
         if func.value.value in {"self", "cls"}:
             return model.functions.get(func.attr.value)
     return None
@@ -282,12 +255,12 @@ class CallIndex:
         self.by_name: dict[str, list[cst.Call]] = {}
         self.assigns: list[cst.Assign] = []
         for node in walk_subtree(module):
-            if isinstance(node, cst.Call):
+            if type(node) is cst.Call:
                 func = node.func
-                name = func.attr.value if isinstance(func, cst.Attribute) else dotted(func)
+                name = func.attr.value if type(func) is cst.Attribute else dotted(func)
                 if name is not None:
                     self.by_name.setdefault(name, []).append(node)
-            elif isinstance(node, cst.Assign):
+            elif type(node) is cst.Assign:
                 self.assigns.append(node)
 
 
@@ -318,19 +291,19 @@ def reduced_names(model: ScriptModel, root: cst.CSTNode) -> set[str]:
     """Names handed to (or the receivers of) reducing calls anywhere below `root`."""
     found: set[str] = set()
     for node in walk_subtree(root):
-        if isinstance(node, cst.Call) and is_reducing_call(model, node):
+        if type(node) is cst.Call and is_reducing_call(model, node):
             for arg in node.args:
                 found |= names_of(arg.value)
-            if isinstance(node.func, cst.Attribute):
+            if type(node.func) is cst.Attribute:
                 found |= names_of(node.func.value)
     return found
 
 
 def is_exit_call(node: cst.CSTNode) -> bool:
-    if not isinstance(node, cst.Call):
+    if type(node) is not cst.Call:
         return False
     func = node.func
-    last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    last = func.attr.value if type(func) is cst.Attribute else getattr(func, "value", None)
     return last in _EXIT_NAMES and dotted(func) in EXIT_CALLS  # cheap test first
 
 
@@ -362,7 +335,7 @@ def accumulation_test(test: cst.BaseExpression, model: ScriptModel | None = None
             if any(accumulation_test(value) for value in model.bindings.get(name, ())):
                 return True
     for node in walk_subtree(test):
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
             if any(_ACCUMULATION.search(name) for name in names_of(node.right)):
                 return True
     return False
@@ -380,13 +353,13 @@ class Located:
 
     def function(self) -> cst.FunctionDef | None:
         for node in reversed(self.ancestors[:-1]):
-            if isinstance(node, cst.FunctionDef):
+            if type(node) is cst.FunctionDef:
                 return node
         return None
 
     def scope(self) -> cst.CSTNode:
         """The class of a method, else the function, else the module, holding the node."""
-        function = self.node if isinstance(self.node, cst.FunctionDef) else self.function()
+        function = self.node if type(self.node) is cst.FunctionDef else self.function()
         if function is None:
             return self.ancestors[0]
         index = self.ancestors.index(function)

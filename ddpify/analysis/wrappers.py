@@ -1,14 +1,20 @@
 """The DDP wrapper: where a model is wrapped, and which names hold the wrapper where.
 
 Collected node by node during the engine's one traversal (`WrapperFacts.visit`, fed by
-the rules that ask, through `wrappers_for(context)`), or in a traversal of its own with
-`collect(module)` for callers outside the engine (the migration passes).
+the engine itself: the rules read the one `context.wrappers`), or in a traversal of its
+own with `collect(module)` for callers outside the engine (the migration passes). This
+module is the one answer to "which names hold the DDP wrapper": the rules of the wrapping
+and training-loop areas read it (`always_wrapped_in` asks it of another module's model).
 
 - `wraps`: each `DistributedDataParallel(...)` call, the name it is bound to
   (`model`, `self.model`), the name of the module it wraps (`model` in
   `DDP(model.to(dev))`), its statement and its place in the file;
 - `wrap_held(expr, ancestors, seq)`: the wrap a name or `self.attr` holds at a point
   of the script (scoped: a function's own names, a class's `self.` attributes, globals);
+- `wrapped_names()`, `always_wrapped(name)`: the same bindings by name alone, whatever
+  the scope (a training loop in `train(model, ...)` reads the `model` that `main` wrapped
+  and passed it): the names ever assigned a wrapper, and whether every assignment of a
+  name is a plain wrap (so `name.no_sync()` always exists);
 - `may_follow(first, second)`: whether the second place can run after the first (not in
   the other branch of the same `if`);
 - `DDP_ATTRIBUTES`: the public attributes a DDP wrapper has itself (everything
@@ -21,20 +27,15 @@ number: cheap to record, compared only for the few candidates a rule keeps.
 from __future__ import annotations
 
 import re
-import weakref
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import ImportMap, dotted, find_arg
 from ddpify.walk import children, is_kind, walk
-
-if TYPE_CHECKING:
-    from ddpify.engine import Context
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 Ancestors = tuple[cst.CSTNode, ...]
@@ -155,14 +156,14 @@ class WrapperFacts:
             return
         self._last = node
         self.seq += 1
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             self.callee = self.imports.qualify(node.func)
             if self.callee == DDP:
                 self._record_wrap(node, tuple(ancestors))
-        elif isinstance(node, cst.Assign):
+        elif type(node) is cst.Assign:
             for target in node.targets:
                 self._bind(target.target, node.value, tuple(ancestors))
-        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+        elif type(node) is cst.AnnAssign and node.value is not None:
             self._bind(node.target, node.value, tuple(ancestors))
 
     def _record_wrap(self, call: cst.Call, ancestors: Ancestors) -> None:
@@ -177,7 +178,7 @@ class WrapperFacts:
         if name is not None:
             key = (id(binding_scope(name, ancestors)), name)
             self.bindings[key].append(Binding(value, Place(ancestors, self.seq)))
-        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+        elif type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List):
             for t, v in zip(target.elements, value.elements):
                 self._bind(t.value, v.value, ancestors)
 
@@ -195,7 +196,7 @@ class WrapperFacts:
             found = [b for b in found if id(b.place.node) not in enclosing]
             return _attribute_binding(found, place)
         for scope in reversed(ancestors):
-            if not isinstance(scope, (cst.FunctionDef, cst.Module)):
+            if type(scope) not in (cst.FunctionDef, cst.Module):
                 continue
             found = self.bindings.get((id(scope), name), [])
             found = [
@@ -204,8 +205,8 @@ class WrapperFacts:
                 if id(b.place.node) not in enclosing and not exclusive(b.place, place)
             ]
             before = [b for b in found if b.place.seq < place.seq]
-            if isinstance(scope, cst.Module):
-                if any(isinstance(a, cst.FunctionDef) for a in ancestors):
+            if type(scope) is cst.Module:
+                if any(type(a) is cst.FunctionDef for a in ancestors):
                     before = found
                 return before[-1] if before else None
             if found:
@@ -216,7 +217,7 @@ class WrapperFacts:
 
     def wrap_in(self, value: cst.BaseExpression) -> Wrap | None:
         """The wrap `value` evaluates to: `DDP(m)`, `DDP(m).to(dev)`, `x if c else DDP(m)`."""
-        if isinstance(value, cst.IfExp):
+        if type(value) is cst.IfExp:
             return self.wrap_in(value.body) or self.wrap_in(value.orelse)
         call = unwrap_call_chain(value)
         return self._wrap_by_call.get(id(call)) if call is not None else None
@@ -229,12 +230,36 @@ class WrapperFacts:
         binding = self.binding_of(name, place)
         return self.wrap_in(binding.value) if binding is not None else None
 
+    def wrapped_names(self) -> set[str]:
+        """Names ever assigned a DistributedDataParallel wrapper (`model`, `self.model`),
+        in any scope: `x = DDP(m)`, `x = DDP(m).to(d)`, `x = DDP(m) if c else m`."""
+        if not self.wraps:
+            return set()
+        return {
+            name
+            for (_, name), bindings in self.bindings.items()
+            if any(self.wrap_in(binding.value) is not None for binding in bindings)
+        }
+
+    def always_wrapped(self, name: str) -> bool:
+        """Every assignment to `name`, in any scope, is a plain wrap (not `DDP(m) if c
+        else m`): the name always holds a wrapper, so `name.no_sync()` always exists."""
+        values = [
+            binding.value
+            for (_, bound), found in self.bindings.items()
+            if bound == name
+            for binding in found
+        ]
+        return bool(values) and all(
+            type(value) is not cst.IfExp and self.wrap_in(value) is not None for value in values
+        )
+
     def held_on_every_path(self, expr: cst.BaseExpression, place: Place) -> bool:
         """Whether every path reaching `place` assigned the wrapper `expr` holds there
         (not `model = DDP(model) if ddp else model`, not under an `if` around it only)."""
         name = dotted(expr)
         binding = self.binding_of(name, place) if name else None
-        if binding is None or isinstance(binding.value, cst.IfExp):
+        if binding is None or type(binding.value) is cst.IfExp:
             return False
         shared = {id(a) for a in place.ancestors}
         return all(
@@ -252,12 +277,12 @@ def _attribute_binding(found: list[Binding], place: Place) -> Binding | None:
     before = [b for b in found if b.place.scope is method and b.place.seq < place.seq]
     if before:
         return before[-1]
-    if isinstance(method, cst.FunctionDef) and method.name.value == "__init__":
+    if type(method) is cst.FunctionDef and method.name.value == "__init__":
         return None
     in_init = [
         b
         for b in found
-        if isinstance(b.place.scope, cst.FunctionDef) and b.place.scope.name.value == "__init__"
+        if type(b.place.scope) is cst.FunctionDef and b.place.scope.name.value == "__init__"
     ]
     return in_init[-1] if in_init else None
 
@@ -283,10 +308,10 @@ def records_gradients(ancestors: Sequence[cst.CSTNode], qualify) -> bool:
     """Whether code at the end of `ancestors` (module first) can record gradients for a
     training step: not under a no-grad context, not in a function named for evaluation."""
     for node in ancestors:
-        if isinstance(node, cst.With):
+        if type(node) is cst.With:
             for item in node.items:
                 call = item.item
-                func = call.func if isinstance(call, cst.Call) else call
+                func = call.func if type(call) is cst.Call else call
                 if qualify(func) in NO_GRAD_CONTEXTS:
                     return False
     function = innermost(ancestors, cst.FunctionDef)
@@ -311,7 +336,7 @@ def is_parameter(function: cst.FunctionDef, name: str) -> bool:
     params = function.params
     every = [*params.posonly_params, *params.params, *params.kwonly_params]
     for extra in (params.star_arg, params.star_kwarg):
-        if isinstance(extra, cst.Param):
+        if type(extra) is cst.Param:
             every.append(extra)
     return any(p.name.value == name for p in every)
 
@@ -319,9 +344,9 @@ def is_parameter(function: cst.FunctionDef, name: str) -> bool:
 def is_main_block(node: cst.CSTNode) -> bool:
     """`if __name__ == "__main__":`, which every run takes."""
     return (
-        isinstance(node, cst.If)
-        and isinstance(node.test, cst.Comparison)
-        and isinstance(node.test.left, cst.Name)
+        type(node) is cst.If
+        and type(node.test) is cst.Comparison
+        and type(node.test.left) is cst.Name
         and node.test.left.value == "__name__"
     )
 
@@ -347,7 +372,7 @@ def conditions_between(binding: Place, place: Place) -> list[cst.BaseExpression]
     return [
         node.test
         for node in binding.ancestors
-        if isinstance(node, (cst.If, cst.IfExp)) and id(node) not in shared
+        if type(node) in (cst.If, cst.IfExp) and id(node) not in shared
     ]
 
 
@@ -375,7 +400,7 @@ def names_rooted_at(expr: cst.CSTNode) -> Iterator[str]:
     stack = [expr]
     while stack:
         node = stack.pop()
-        name = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+        name = dotted(node) if type(node) in (cst.Name, cst.Attribute) else None
         if name is not None:
             parts = name.split(".")
             for end in range(1, len(parts) + 1):
@@ -387,8 +412,8 @@ def names_rooted_at(expr: cst.CSTNode) -> Iterator[str]:
 def _module_name(expr: cst.BaseExpression) -> str | None:
     """`model` for `model`, `model.to(dev)`, `model.cuda().half()`; None for `Net()`."""
     while (
-        isinstance(expr, cst.Call)
-        and isinstance(expr.func, cst.Attribute)
+        type(expr) is cst.Call
+        and type(expr.func) is cst.Attribute
         and expr.func.attr.value in MODULE_METHODS
     ):
         expr = expr.func.value
@@ -399,14 +424,14 @@ def _assigned_name(ancestors: Ancestors, call: cst.Call) -> str | None:
     """The target of `target = DDP(...)` (through `.to()` chains and `x if c else y`)."""
     child: cst.CSTNode = call
     for node in reversed(ancestors[:-1]):
-        if isinstance(node, cst.Assign):
+        if type(node) is cst.Assign:
             return dotted(node.targets[0].target) if len(node.targets) == 1 else None
-        if isinstance(node, cst.AnnAssign):
+        if type(node) is cst.AnnAssign:
             return dotted(node.target)
         chained = (
-            (isinstance(node, cst.Attribute) and node.value is child)
-            or (isinstance(node, cst.Call) and node.func is child)
-            or (isinstance(node, cst.IfExp) and child is not node.test)
+            (type(node) is cst.Attribute and node.value is child)
+            or (type(node) is cst.Call and node.func is child)
+            or (type(node) is cst.IfExp and child is not node.test)
         )
         if not chained:
             return None
@@ -416,16 +441,26 @@ def _assigned_name(ancestors: Ancestors, call: cst.Call) -> str | None:
 
 # -- access --------------------------------------------------------------------------
 
+# The nodes `WrapperFacts.visit` records (by exact type): what the engine feeds it.
+FED_TYPES = frozenset({cst.Call, cst.Assign, cst.AnnAssign})
 
-_facts: weakref.WeakKeyDictionary[Context, WrapperFacts] = weakref.WeakKeyDictionary()
+
+def wraps_ddp(imports: ImportMap, value: cst.BaseExpression) -> bool:
+    """`DDP(m, ...)`, `DDP(m).to(d)`, `DDP(m) if distributed else m`, judged with
+    `imports` as they stand: for a module read outside the engine's walk."""
+    if type(value) is cst.IfExp:
+        return wraps_ddp(imports, value.body) or wraps_ddp(imports, value.orelse)
+    call = unwrap_call_chain(value)
+    return call is not None and imports.qualify(call.func) == DDP
 
 
-def wrappers_for(context: Context) -> WrapperFacts:
-    """One shared record per linted file, whichever rules feed it."""
-    found = _facts.get(context)
-    if found is None:
-        found = _facts[context] = WrapperFacts(context.imports)
-    return found
+def always_wrapped_in(model: ScriptModel, name: str) -> bool:
+    """`WrapperFacts.always_wrapped` for another module of the project, from its script
+    model (the modules that import a helper are read, not walked by the engine)."""
+    values = model.bindings.get(name, [])
+    return bool(values) and all(
+        type(v) is not cst.IfExp and wraps_ddp(model.imports, v) for v in values
+    )
 
 
 def collect(module: cst.Module) -> WrapperFacts:

@@ -127,6 +127,70 @@ def _seq_of(facts, node, fallback):
     return fallback
 
 
+WRAPPED_IN_EVERY_SCOPE = """
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def setup(net):
+        model = DDP(net)
+        return model
+
+    class Trainer:
+        def __init__(self, net):
+            self.model = DDP(net).to(0)
+
+    def maybe(net, flag):
+        ddp = DDP(net) if flag else net
+        return ddp
+
+    def evaluate():
+        model = nn.Linear(2, 2)
+        return model
+
+    first, second = DDP(nn.Linear(2, 2)), nn.Linear(2, 2)
+    """
+
+
+def test_wrapped_names_are_read_by_name_in_every_scope():
+    facts, _ = facts_of(WRAPPED_IN_EVERY_SCOPE)
+    assert facts.wrapped_names() == {"model", "self.model", "ddp", "first"}
+    # `model` is also a plain Linear in `evaluate`; `ddp` only maybe a wrapper.
+    assert [facts.always_wrapped(n) for n in ("self.model", "first", "model", "ddp")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert not facts.always_wrapped("second") and not facts.always_wrapped("unknown")
+
+
+def test_a_file_without_a_wrap_has_no_wrapped_names():
+    facts, _ = facts_of("from torch import nn\nmodel = nn.Linear(2, 2)\n")
+    assert facts.wrapped_names() == set()
+
+
+def test_the_engine_feeds_one_wrapper_facts_whichever_rules_run():
+    """Every rule reads `context.wrappers`, fed by the engine's walk: the same facts as a
+    walk of their own, with no wrapping rule enabled (DDP040 alone)."""
+    from ddpify import engine
+    from ddpify.rules import select_rules
+
+    module = cst.parse_module(src(WRAPPED_IN_EVERY_SCOPE))
+    seen = {}
+
+    class Probe(select_rules(["DDP040"])[0]):
+        def leave_Module(self, node):
+            seen["facts"] = self.context.wrappers
+            super().leave_Module(node)
+
+    engine.run_rules(module, [Probe])
+    fed, own = seen["facts"], collect(module)
+    assert fed.wrapped_names() == own.wrapped_names()
+    assert [(w.call, w.target, w.inner) for w in fed.wraps] == [
+        (w.call, w.target, w.inner) for w in own.wraps
+    ]
+
+
 def test_wraps_know_their_target_and_inner_module():
     facts, _ = facts_of(
         """

@@ -41,11 +41,11 @@ def is_eval_dataset_call(call: cst.Call) -> bool:
     """`MNIST(root, train=False)`, `load_dataset(..., split="validation")`."""
     for keyword in ("train", "is_train", "training"):
         arg = find_arg(call, keyword)
-        if arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "False":
+        if arg is not None and type(arg.value) is cst.Name and arg.value.value == "False":
             return True
     for keyword in ("split", "mode", "subset"):
         arg = find_arg(call, keyword)
-        if arg is not None and isinstance(arg.value, cst.SimpleString):
+        if arg is not None and type(arg.value) is cst.SimpleString:
             value = arg.value.evaluated_value
             if isinstance(value, str) and _EVAL_SPLIT.match(value):
                 return True
@@ -53,15 +53,15 @@ def is_eval_dataset_call(call: cst.Call) -> bool:
 
 
 def is_true_literal(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Name):
+    if type(expr) is cst.Name:
         return expr.value == "True"
-    if isinstance(expr, cst.Integer):
+    if type(expr) is cst.Integer:
         return expr.evaluated_value != 0
     return False
 
 
 def is_none(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
+    return type(expr) is cst.Name and expr.value == "None"
 
 
 def sampler_spelling(imports: ImportMap) -> str | None:

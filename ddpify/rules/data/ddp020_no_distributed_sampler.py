@@ -58,7 +58,7 @@ class NoDistributedSampler(LoaderRule):
         if (
             spelling is None
             or dataset_arg is None
-            or not isinstance(dataset_arg.value, cst.Name)
+            or type(dataset_arg.value) is not cst.Name
             or loader.arg("sampler") is not None
             or len(positional) > 2  # shuffle, or what follows it, given by position
         ):

@@ -68,7 +68,7 @@ def _sources(value: cst.BaseExpression, facts: LoaderFacts) -> list[cst.BaseExpr
     pending, found, seen = [value], [], set()
     while pending:
         expr = pending.pop()
-        if isinstance(expr, cst.IfExp):
+        if type(expr) is cst.IfExp:
             pending += [expr.body, expr.orelse]
             continue
         name = dotted(expr)
@@ -87,7 +87,7 @@ def _kind(sources: list[cst.BaseExpression], facts: LoaderFacts) -> _Kind:
     for source in sources:
         if is_none(source):
             continue
-        sampler = samplers.get(source) if isinstance(source, cst.Call) else None
+        sampler = samplers.get(source) if type(source) is cst.Call else None
         shuffles = sampler.shuffles if sampler is not None else None
         if shuffles is None:  # not a DistributedSampler, or its shuffle is computed
             return _Kind.OTHER
@@ -98,7 +98,7 @@ def _kind(sources: list[cst.BaseExpression], facts: LoaderFacts) -> _Kind:
 def _severity(value: cst.BaseExpression, loader: LoaderCall) -> Severity:
     """INFO for a helper's `sampler=None` parameter: it raises only if a caller passes one."""
     function = loader.where.function
-    if function is None or not isinstance(value, cst.Name):
+    if function is None or type(value) is not cst.Name:
         return Severity.ERROR
     for param in function.params.params + function.params.kwonly_params:
         if param.name.value == value.value and param.default is not None:

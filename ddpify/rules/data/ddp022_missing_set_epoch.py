@@ -115,7 +115,7 @@ def _only_loop_in_scope(sampler: SamplerCall, facts: LoaderFacts) -> EpochLoop |
 
 
 def _fix(sampler: SamplerCall, loop: EpochLoop | None, facts: LoaderFacts) -> NodeFix | None:
-    if loop is None or loop.epoch_name is None or not isinstance(loop.node.body, cst.IndentedBlock):
+    if loop is None or loop.epoch_name is None or type(loop.node.body) is not cst.IndentedBlock:
         return None
     if not _always_a_sampler(sampler, loop, facts):
         return None

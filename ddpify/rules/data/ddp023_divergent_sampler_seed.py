@@ -106,7 +106,7 @@ class DivergentSamplerSeed(Rule):
         rank`); a seed made only of the rank or the clock becomes the default, 0."""
         model = self.context.model
         value = seed.value
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+        if type(value) is cst.BinaryOperation and type(value.operator) is cst.Add:
             shared = [
                 side
                 for side in (value.left, value.right)
@@ -115,7 +115,7 @@ class DivergentSamplerSeed(Rule):
             if len(shared) != 1:
                 return None
             new_value: cst.BaseExpression = shared[0]
-        elif isinstance(value, (cst.Name, cst.Attribute)):
+        elif type(value) in (cst.Name, cst.Attribute):
             return None  # the name may feed other seeds too: a person decides
         else:
             new_value = cst.Integer("0")
@@ -129,7 +129,7 @@ class DivergentSamplerSeed(Rule):
 
 
 def _bare(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, (cst.Name, cst.Attribute, cst.Integer))
+    return type(expr) in (cst.Name, cst.Attribute, cst.Integer)
 
 
 def _project_message(sampler: str, seed: cst.Arg, source: str, shown: str) -> str:

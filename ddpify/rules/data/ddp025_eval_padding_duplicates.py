@@ -140,9 +140,9 @@ def _trims_to_dataset_length(module: cst.Module) -> bool:
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Slice) and node.upper is not None and _calls_len(node.upper):
+        if type(node) is cst.Slice and node.upper is not None and _calls_len(node.upper):
             return True
-        if isinstance(node, cst.Call) and dotted(node.func) == "len" and node.args:
+        if type(node) is cst.Call and dotted(node.func) == "len" and node.args:
             inner = dotted(node.args[0].value) or ""
             if "sampler" in inner.rsplit(".", 1)[-1].lower():
                 return True
@@ -154,7 +154,7 @@ def _calls_len(expr: cst.CSTNode) -> bool:
     stack = [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Call) and dotted(node.func) == "len":
+        if type(node) is cst.Call and dotted(node.func) == "len":
             return True
         stack.extend(children(node))
     return False

@@ -50,11 +50,11 @@ class GlobalVsPerProcessBatch(LoaderRule):
         self.batch_divisions: list[tuple[cst.CSTNode, cst.BaseExpression]] = []
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-        if isinstance(node.operator, (cst.Divide, cst.FloorDivide)) and _names_batch(node.left):
+        if type(node.operator) in (cst.Divide, cst.FloorDivide) and _names_batch(node.left):
             self.batch_divisions.append((node, node.right))
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        divides = isinstance(node.operator, (cst.DivideAssign, cst.FloorDivideAssign))
+        divides = type(node.operator) in (cst.DivideAssign, cst.FloorDivideAssign)
         if divides and _names_batch(node.target):
             self.batch_divisions.append((node, node.value))
 
@@ -137,7 +137,7 @@ class GlobalVsPerProcessBatch(LoaderRule):
         stack: list[cst.CSTNode] = [expr]
         while stack:
             node = stack.pop()
-            if isinstance(node, cst.Call) and self.context.qualify(node.func) in _WHOLE_MACHINE:
+            if type(node) is cst.Call and self.context.qualify(node.func) in _WHOLE_MACHINE:
                 return True
             stack.extend(children(node))
         return False
@@ -145,16 +145,16 @@ class GlobalVsPerProcessBatch(LoaderRule):
 
 def _text(expr: cst.BaseExpression) -> str | None:
     """The literal text of a string, implicitly concatenated string or f-string."""
-    if isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+    if type(expr) in (cst.SimpleString, cst.ConcatenatedString):
         value = expr.evaluated_value
         return value if isinstance(value, str) else None
-    if isinstance(expr, cst.FormattedString):
-        return "".join(p.value for p in expr.parts if isinstance(p, cst.FormattedStringText))
+    if type(expr) is cst.FormattedString:
+        return "".join(p.value for p in expr.parts if type(p) is cst.FormattedStringText)
     return None
 
 
 def string_value(expr: cst.BaseExpression) -> str | None:
-    value = expr.evaluated_value if isinstance(expr, cst.SimpleString) else None
+    value = expr.evaluated_value if type(expr) is cst.SimpleString else None
     return value if isinstance(value, str) else None
 
 
@@ -171,9 +171,9 @@ def _adapts_to_world_size(module: cst.Module) -> bool:
 def _names_batch(expr: cst.BaseExpression) -> bool:
     """Whether a name or key in `expr` says it is a batch size."""
     for child in _nodes(expr):
-        if isinstance(child, cst.Name) and _BATCH_NAME.search(child.value):
+        if type(child) is cst.Name and _BATCH_NAME.search(child.value):
             return True
-        if isinstance(child, cst.SimpleString):
+        if type(child) is cst.SimpleString:
             value = child.evaluated_value
             if isinstance(value, str) and _BATCH_NAME.search(value):
                 return True

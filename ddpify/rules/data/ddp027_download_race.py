@@ -56,7 +56,7 @@ class DownloadRace(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         self.index += 1
-        if isinstance(func, cst.Attribute) and func.attr.value == "barrier":
+        if type(func) is cst.Attribute and func.attr.value == "barrier":
             if self.context.qualify(func) == BARRIER:
                 ancestors = self.context.ancestors
                 function = self.context.enclosing(cst.FunctionDef)
@@ -98,7 +98,7 @@ class DownloadRace(Rule):
         return found
 
     def _downloading_helper(self, func: cst.BaseExpression) -> str | None:
-        if isinstance(func, cst.Subscript):
+        if type(func) is cst.Subscript:
             for function in self.context.local_table_functions(func.value):
                 if downloads_on_any_rank(function.node):
                     table = self.context.code(func.value)
@@ -188,7 +188,7 @@ def _called_on_rank_zero_only(
 
     def enter(node: cst.CSTNode) -> None:
         ancestors.append(node)
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             name = _last(node.func)
             if name in sites:
                 sites[name].append(rank_zero_scope(ancestors) is not None)

@@ -32,7 +32,7 @@ LOCAL_RANK_KEYS = frozenset(
 
 
 def string_value(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.SimpleString):
+    if type(node) is cst.SimpleString:
         value = node.evaluated_value
         return value if isinstance(value, str) else None
     return None
@@ -63,10 +63,10 @@ class Rank(enum.Enum):
 
 def env_key(expr: cst.BaseExpression, imports: ImportMap) -> str | None:
     """`"RANK"` for `os.environ["RANK"]`, `os.environ.get("RANK")`, `os.getenv("RANK", 0)`."""
-    if isinstance(expr, cst.Subscript) and imports.qualify(expr.value) == "os.environ":
+    if type(expr) is cst.Subscript and imports.qualify(expr.value) == "os.environ":
         index = expr.slice[0].slice if len(expr.slice) == 1 else None
-        return string_value(index.value) if isinstance(index, cst.Index) else None
-    if isinstance(expr, cst.Call) and expr.args:
+        return string_value(index.value) if type(index) is cst.Index else None
+    if type(expr) is cst.Call and expr.args:
         if imports.qualify(expr.func) in {"os.environ.get", "os.getenv"}:
             return string_value(expr.args[0].value)
     return None
@@ -78,7 +78,7 @@ def function_parameters(func: cst.FunctionDef | None) -> set[str]:
     params = func.params
     every = [*params.posonly_params, *params.params, *params.kwonly_params]
     for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
+        if type(star) is cst.Param:
             every.append(star)
     return {param.name.value for param in every}
 
@@ -136,9 +136,9 @@ def assignments_in(
 
 
 def _is_integer(value: cst.BaseExpression) -> bool:
-    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+    if type(value) is cst.UnaryOperation and type(value.operator) is cst.Minus:
         value = value.expression
-    return isinstance(value, cst.Integer)
+    return type(value) is cst.Integer
 
 
 class RankResolver:
@@ -163,9 +163,9 @@ class RankResolver:
         key = env_key(expr, self.imports)
         if key is not None:
             return self._from_env_key(key, expr)
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             return self._from_call(expr, func, depth)
-        if isinstance(expr, cst.BinaryOperation):
+        if type(expr) is cst.BinaryOperation:
             return self._from_arithmetic(expr, func, depth)
         name = dotted(expr)
         if name is None:
@@ -191,18 +191,18 @@ class RankResolver:
             return Rank.GLOBAL, self.module.code_for_node(call)
         if name == "torch.distributed.get_node_local_rank":
             return Rank.LOCAL, self.module.code_for_node(call)
-        if isinstance(call.func, cst.Name) and call.func.value == "int" and call.args:
+        if type(call.func) is cst.Name and call.func.value == "int" and call.args:
             return self.resolve(call.args[0].value, func, depth + 1)
         return None
 
     def _from_arithmetic(
         self, expr: cst.BinaryOperation, func: cst.FunctionDef | None, depth: int
     ) -> tuple[Rank, str] | None:
-        if isinstance(expr.operator, cst.Modulo):
+        if type(expr.operator) is cst.Modulo:
             # `rank % torch.cuda.device_count()`: the GPU index on this node.
             return Rank.LOCAL, "a modulo"
-        if isinstance(expr.operator, cst.Add) and any(
-            isinstance(side, cst.BinaryOperation) and isinstance(side.operator, cst.Multiply)
+        if type(expr.operator) is cst.Add and any(
+            type(side) is cst.BinaryOperation and type(side.operator) is cst.Multiply
             for side in (expr.left, expr.right)
         ):
             # `node_rank * gpus_per_node + gpu`: the global rank.

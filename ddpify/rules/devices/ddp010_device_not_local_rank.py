@@ -41,11 +41,11 @@ def _cuda_index(text: str | None) -> int | None | bool:
 
 
 def _int_literal(node: cst.BaseExpression) -> int | None:
-    return int(node.value) if isinstance(node, cst.Integer) else None
+    return int(node.value) if type(node) is cst.Integer else None
 
 
 def _is_constant(node: cst.BaseExpression) -> bool:
-    return isinstance(node, (cst.Integer, cst.SimpleString))
+    return type(node) in (cst.Integer, cst.SimpleString)
 
 
 class DeviceNotLocalRank(DistributedRule):
@@ -103,7 +103,7 @@ class DeviceNotLocalRank(DistributedRule):
             return
         value = node.args[0].value
         index = _int_literal(value)
-        if index is None and isinstance(value, cst.SimpleString):
+        if index is None and type(value) is cst.SimpleString:
             index = _cuda_index(string_value(value))
         if isinstance(index, int) and index is not False:
             self._fixed(node, self.context.code(node), index)
@@ -116,9 +116,9 @@ class DeviceNotLocalRank(DistributedRule):
             return
         if len(node.args) > 1 and string_value(node.args[0].value) == "cuda":
             self._check_global_rank(node, node.args[1].value)  # torch.device("cuda", rank)
-        elif not isinstance(node.args[0].value, (cst.Name, cst.Attribute)):
+        elif type(node.args[0].value) not in (cst.Name, cst.Attribute):
             self._check_global_rank(node, node.args[0].value)  # torch.device(f"cuda:{rank}")
-        if isinstance(node.args[0].value, cst.IfExp):
+        if type(node.args[0].value) is cst.IfExp:
             self._record_device_value(node.args[0].value)
             return
         kind = string_value(node.args[0].value)
@@ -141,7 +141,7 @@ class DeviceNotLocalRank(DistributedRule):
             self._check_global_rank(node, device.value)
 
     def _record_device_value(self, value: cst.BaseExpression) -> None:
-        if isinstance(value, cst.IfExp):
+        if type(value) is cst.IfExp:
             self._record_device_value(value.body)
             self._record_device_value(value.orelse)
             return
@@ -183,7 +183,7 @@ class DeviceNotLocalRank(DistributedRule):
         code = self.context.code(node)
         if len(code) <= 40 and "\n" not in code:
             return code
-        if isinstance(node, cst.Call) and method_name(node) == "cuda":
+        if type(node) is cst.Call and method_name(node) == "cuda":
             return ".cuda()"
         return "the device"
 
@@ -274,23 +274,23 @@ class DeviceNotLocalRank(DistributedRule):
 def _index_expression(value: cst.BaseExpression) -> cst.BaseExpression | None:
     """The GPU index inside a device spelling: `rank` in `f"cuda:{rank}"`,
     `"cuda:{}".format(rank)`, `"cuda:%d" % rank`, or a bare name or attribute."""
-    if isinstance(value, cst.FormattedString):
+    if type(value) is cst.FormattedString:
         parts = value.parts
         if (
             len(parts) == 2
-            and isinstance(parts[0], cst.FormattedStringText)
+            and type(parts[0]) is cst.FormattedStringText
             and parts[0].value == "cuda:"
-            and isinstance(parts[1], cst.FormattedStringExpression)
+            and type(parts[1]) is cst.FormattedStringExpression
         ):
             return parts[1].expression
         return None
-    if isinstance(value, cst.Call) and method_name(value) == "format" and value.args:
+    if type(value) is cst.Call and method_name(value) == "format" and value.args:
         template = string_value(value.func.value)  # type: ignore[attr-defined]
         return value.args[0].value if template == "cuda:{}" else None
-    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+    if type(value) is cst.BinaryOperation and type(value.operator) is cst.Modulo:
         return value.right if string_value(value.left) == "cuda:%d" else None
-    if isinstance(value, (cst.Name, cst.Attribute)) or (
-        isinstance(value, cst.Call) and dotted(value.func) == "int"
+    if type(value) in (cst.Name, cst.Attribute) or (
+        type(value) is cst.Call and dotted(value.func) == "int"
     ):
         return value
     return None

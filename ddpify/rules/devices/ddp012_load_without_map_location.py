@@ -19,7 +19,7 @@ def _with_cpu_map_location(call: cst.Call) -> cst.Call:
         equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
     )
     *head, last = call.args
-    if isinstance(last.comma, cst.Comma):
+    if type(last.comma) is cst.Comma:
         new_arg = new_arg.with_changes(comma=last.comma)
     last = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return call.with_changes(args=[*head, last, new_arg])
@@ -64,7 +64,7 @@ class LoadWithoutMapLocation(DistributedRule):
         """`def pt_load(path, map_location=None): torch.load(path)`, or `def load(w, device):
         torch.load(w).to(device)`: the caller says where to restore and the load ignores it."""
         function = self.context.enclosing(cst.FunctionDef)
-        if not isinstance(function, cst.FunctionDef):
+        if type(function) is not cst.FunctionDef:
             return
         parameters = function_parameters(function)
         if "map_location" in parameters:
@@ -80,9 +80,9 @@ class LoadWithoutMapLocation(DistributedRule):
         the author chose where each kind of run restores to."""
         ancestors = self.context.ancestors
         for parent, child in zip(reversed(ancestors[:-1]), reversed(ancestors[1:])):
-            if isinstance(parent, (cst.FunctionDef, cst.ClassDef)):
+            if type(parent) in (cst.FunctionDef, cst.ClassDef):
                 return False
-            if isinstance(parent, cst.If) and child is not parent.test:
+            if type(parent) is cst.If and child is not parent.test:
                 other = parent.orelse if child is parent.body else parent.body
                 if other is not None and self._maps_location(other):
                     return True
@@ -92,7 +92,7 @@ class LoadWithoutMapLocation(DistributedRule):
         found: list[bool] = []
 
         def visit(node: cst.CSTNode) -> None:
-            if isinstance(node, cst.Call) and self.context.qualify(node.func) == TORCH_LOAD:
+            if type(node) is cst.Call and self.context.qualify(node.func) == TORCH_LOAD:
                 found.append(find_arg(node, "map_location", 1) is not None)
 
         walk(branch, visit, lambda node: None)
@@ -105,8 +105,8 @@ class LoadWithoutMapLocation(DistributedRule):
             return False
         arg, call = ancestors[-2], ancestors[-3]
         return (
-            isinstance(arg, cst.Arg)
-            and isinstance(call, cst.Call)
+            type(arg) is cst.Arg
+            and type(call) is cst.Call
             and method_name(call) == "load_state_dict"
         )
 
@@ -175,10 +175,10 @@ def _moves_to(function: cst.FunctionDef, device: str) -> bool:
 
     def visit(node: cst.CSTNode) -> None:
         if (
-            isinstance(node, cst.Call)
+            type(node) is cst.Call
             and method_name(node) in {"to", "cuda"}
             and node.args
-            and isinstance(node.args[0].value, cst.Name)
+            and type(node.args[0].value) is cst.Name
             and node.args[0].value.value == device
         ):
             found.append(True)

@@ -66,10 +66,10 @@ def is_cleanup_name(name: str) -> bool:
 
 
 def string_value(expr: cst.BaseExpression) -> str | None:
-    if isinstance(expr, cst.SimpleString):
+    if type(expr) is cst.SimpleString:
         value = expr.evaluated_value
         return value if isinstance(value, str) else None
-    if isinstance(expr, cst.ConcatenatedString):
+    if type(expr) is cst.ConcatenatedString:
         value = expr.evaluated_value
         return value if isinstance(value, str) else None
     return None
@@ -80,9 +80,9 @@ def string_prefix(expr: cst.BaseExpression) -> str | None:
     value = string_value(expr)
     if value is not None:
         return value
-    if isinstance(expr, cst.FormattedString) and expr.parts:
+    if type(expr) is cst.FormattedString and expr.parts:
         first = expr.parts[0]
-        if isinstance(first, cst.FormattedStringText):
+        if type(first) is cst.FormattedStringText:
             return first.value
     return None
 
@@ -95,7 +95,7 @@ def _first_arg_string(call: cst.Call) -> str | None:
 
 def environ_subscript_key(node: cst.Subscript, imports: ImportMap) -> str | None:
     """`KEY` of `os.environ["KEY"]`."""
-    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+    if len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
         return None
     key = string_value(node.slice[0].slice.value)
     if key is None or imports.qualify(node.value) != "os.environ":
@@ -126,7 +126,7 @@ def environ_membership_key(node: cst.Comparison, imports: ImportMap) -> str | No
     if len(node.comparisons) != 1:
         return None
     target = node.comparisons[0]
-    if not isinstance(target.operator, (cst.In, cst.NotIn)):
+    if type(target.operator) not in (cst.In, cst.NotIn):
         return None
     if imports.qualify(target.comparator) != "os.environ":
         return None
@@ -136,11 +136,11 @@ def environ_membership_key(node: cst.Comparison, imports: ImportMap) -> str | No
 def is_assign_target(node: cst.CSTNode, ancestors: Sequence[cst.CSTNode]) -> bool:
     """Whether `node` (the last of `ancestors`) is written to, not read."""
     parent = ancestors[-2] if len(ancestors) > 1 else None
-    if isinstance(parent, cst.AssignTarget) and parent.target is node:
+    if type(parent) is cst.AssignTarget and parent.target is node:
         return True
-    if isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node:
+    if type(parent) in (cst.AugAssign, cst.AnnAssign) and parent.target is node:
         return True
-    return isinstance(parent, cst.Del)
+    return type(parent) is cst.Del
 
 
 class EnvReads:
@@ -197,14 +197,14 @@ def top_level_nodes(module: cst.Module) -> set[int]:
     while stack:
         current = stack.pop()
         found.add(id(current))
-        if not isinstance(current, (cst.FunctionDef, cst.Lambda)):
+        if type(current) not in (cst.FunctionDef, cst.Lambda):
             stack.extend(children(current))
     return found
 
 
 def is_dist_guard_call(node: cst.CSTNode, imports: ImportMap) -> bool:
     """`dist.is_initialized()`, `dist.is_available()`, or a helper named like one."""
-    if not isinstance(node, cst.Call):
+    if type(node) is not cst.Call:
         return False
     if imports.qualify(node.func) in DIST_GUARDS:
         return True
@@ -214,11 +214,11 @@ def is_dist_guard_call(node: cst.CSTNode, imports: ImportMap) -> bool:
 
 def is_main_guard(stmt: cst.CSTNode) -> bool:
     """`if __name__ == "__main__":`."""
-    if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
+    if type(stmt) is not cst.If or type(stmt.test) is not cst.Comparison:
         return False
     test = stmt.test
     sides = [test.left, *(c.comparator for c in test.comparisons)]
-    return any(isinstance(s, cst.Name) and s.value == "__name__" for s in sides) and any(
+    return any(type(s) is cst.Name and s.value == "__name__" for s in sides) and any(
         string_value(s) == "__main__" for s in sides
     )
 
@@ -228,13 +228,13 @@ def is_entry_script(module: cst.Module, functions) -> bool:
     for stmt in module.body:
         if is_main_guard(stmt):
             return True
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is cst.SimpleStatementLine:
             for small in stmt.body:
-                call = small.value if isinstance(small, cst.Expr) else None
-                if isinstance(call, cst.Call) and dotted(call.func) in functions:
+                call = small.value if type(small) is cst.Expr else None
+                if type(call) is cst.Call and dotted(call.func) in functions:
                     return True
     return False
 
 
 def in_function(ancestors: Sequence[cst.CSTNode]) -> bool:
-    return any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors[:-1])
+    return any(type(a) in (cst.FunctionDef, cst.Lambda) for a in ancestors[:-1])

@@ -112,8 +112,7 @@ class _Scan:
 
 def _in_test(ancestors: list[cst.CSTNode]) -> bool:
     return any(
-        isinstance(node, cst.FunctionDef) and node.name.value.startswith("test")
-        for node in ancestors
+        type(node) is cst.FunctionDef and node.name.value.startswith("test") for node in ancestors
     )
 
 
@@ -147,10 +146,10 @@ class NoInitProcessGroup(Rule):
         self.relative_imports: set[str] = set()
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.relative and not isinstance(node.names, cst.ImportStar):
+        if node.relative and type(node.names) is not cst.ImportStar:
             for alias in node.names:
                 bound = alias.asname.name if alias.asname else alias.name
-                if isinstance(bound, cst.Name):
+                if type(bound) is cst.Name:
                     self.relative_imports.add(bound.value)
 
     def visit_Arg(self, node: cst.Arg) -> None:
@@ -228,7 +227,7 @@ class NoInitProcessGroup(Rule):
         qualify = callee.imports.qualify
         return contains(
             callee.node.body,
-            lambda node: isinstance(node, cst.Call) and qualify(node.func) in INIT_CALLS,
+            lambda node: type(node) is cst.Call and qualify(node.func) in INIT_CALLS,
         )
 
     def _helper(self, call: cst.Call) -> _HelperCall | None:
@@ -256,14 +255,14 @@ class NoInitProcessGroup(Rule):
         return any(contains(cond, self._is_guard) for cond in use.conditions)
 
     def _is_guard(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.Try):
+        if type(node) is cst.Try:
             return True
         imports = self.context.imports
         if is_dist_guard_call(node, imports):
             return True
-        if isinstance(node, (cst.Name, cst.Attribute)):
+        if type(node) in (cst.Name, cst.Attribute):
             return dotted(node) in self._guard_variables
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             function = self.context.model.functions.get(last_name(node.func) or "")
             return function is not None and contains(
                 function.body, lambda n: is_dist_guard_call(n, imports)

@@ -42,11 +42,11 @@ def _dest(call: cst.Call, options: list[str]) -> str:
 
 def _env_default(value: cst.BaseExpression) -> cst.BaseExpression | None:
     """`int(os.environ.get("LOCAL_RANK", <old>))` where the old default's type allows it."""
-    if isinstance(value, cst.Name) and value.value == "None":
+    if type(value) is cst.Name and value.value == "None":
         text = 'int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None'
         return cst.parse_expression(text)
-    number = value.expression if isinstance(value, cst.UnaryOperation) else value
-    if isinstance(number, cst.Integer):
+    number = value.expression if type(value) is cst.UnaryOperation else value
+    if type(number) is cst.Integer:
         old = cst.Module([]).code_for_node(value)
         return cst.parse_expression(f'int(os.environ.get("LOCAL_RANK", {old}))')
     return None
@@ -141,7 +141,7 @@ def _spelled(options: list[str]) -> str:
 
 def _with_hyphen_spelling(args: list[cst.Arg], last_option: int) -> list[cst.Arg]:
     anchor = args[last_option]
-    quote = anchor.value.quote if isinstance(anchor.value, cst.SimpleString) else '"'
+    quote = anchor.value.quote if type(anchor.value) is cst.SimpleString else '"'
     spelling = cst.Arg(cst.SimpleString(f"{quote}{HYPHEN}{quote}"), comma=anchor.comma)
     anchor = anchor.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return [*args[:last_option], anchor, spelling, *args[last_option + 1 :]]

@@ -61,7 +61,7 @@ class HardcodedLaunchConfig(Rule):
         key = environ_subscript_key(node, self.context.imports)
         if key in MASTER_ENV and is_assign_target(node, ancestors):
             assign = ancestors[-3] if len(ancestors) > 2 else None
-            value = assign.value if isinstance(assign, cst.Assign) else None
+            value = assign.value if type(assign) is cst.Assign else None
             if value is None or not self._reads_key(value, key):
                 self._master_write(node, key)
 
@@ -86,9 +86,9 @@ class HardcodedLaunchConfig(Rule):
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value in MASTER_ENV:
                 self._master_write(arg, arg.keyword.value)
-            elif isinstance(arg.value, cst.Dict):
+            elif type(arg.value) is cst.Dict:
                 for element in arg.value.elements:
-                    if not isinstance(element, cst.DictElement):
+                    if type(element) is not cst.DictElement:
                         continue
                     key = string_value(element.key)
                     if key in MASTER_ENV:
@@ -109,7 +109,7 @@ class HardcodedLaunchConfig(Rule):
         """Inside `if "RANK" not in os.environ:` and the like: a deliberate fallback."""
         ancestors = self.context.ancestors
         for parent, child in zip(ancestors, ancestors[1:]):
-            if isinstance(parent, (cst.If, cst.IfExp)) and child is not parent.test:
+            if type(parent) in (cst.If, cst.IfExp) and child is not parent.test:
                 if self._reads_env(parent.test):
                     return True
         return False
@@ -119,10 +119,10 @@ class HardcodedLaunchConfig(Rule):
         imports = self.context.imports
 
         def reads(node: cst.CSTNode) -> bool:
-            if isinstance(node, cst.Call):
+            if type(node) is cst.Call:
                 found = environ_call_key(node, imports)
                 return found is not None and found[1] == key
-            return isinstance(node, cst.Subscript) and environ_subscript_key(node, imports) == key
+            return type(node) is cst.Subscript and environ_subscript_key(node, imports) == key
 
         return contains(expr, reads)
 
@@ -172,7 +172,7 @@ class HardcodedLaunchConfig(Rule):
         found = []
         for arg in args:
             value = arg.value
-            if isinstance(value, cst.Call) and self.context.qualify(value.func) == DEVICE_COUNT:
+            if type(value) is cst.Call and self.context.qualify(value.func) == DEVICE_COUNT:
                 args = [a for a in args if a is not arg]
                 warning = (
                     "`world_size=torch.cuda.device_count()` counts this node's GPUs, not the "
@@ -227,12 +227,12 @@ class HardcodedLaunchConfig(Rule):
 
 
 def _is_int(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.UnaryOperation):
+    if type(expr) is cst.UnaryOperation:
         expr = expr.expression
-    return isinstance(expr, cst.Integer)
+    return type(expr) is cst.Integer
 
 
 def _one_process(call: cst.Call) -> bool:
     world_size = find_arg(call, "world_size")
     value = world_size.value if world_size else None
-    return isinstance(value, cst.Integer) and value.evaluated_value == 1
+    return type(value) is cst.Integer and value.evaluated_value == 1

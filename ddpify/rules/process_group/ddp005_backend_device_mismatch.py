@@ -72,7 +72,7 @@ class BackendDeviceMismatch(Rule):
     def _under_cuda_test(self) -> bool:
         ancestors = self.context.ancestors
         for parent, child in zip(ancestors, ancestors[1:]):
-            if isinstance(parent, (cst.If, cst.IfExp)) and child is not parent.test:
+            if type(parent) in (cst.If, cst.IfExp) and child is not parent.test:
                 if is_cuda_test(parent.test):
                     return True
         return False
@@ -115,7 +115,7 @@ class BackendDeviceMismatch(Rule):
         name = dotted(arg.value)
         values = self.context.model.bindings.get(name, []) if name else [arg.value]
         for value in values:
-            options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+            options = [value.body, value.orelse] if type(value) is cst.IfExp else [value]
             if any(_is_nccl(option) for option in options):
                 return True
         return False
@@ -127,7 +127,7 @@ class BackendDeviceMismatch(Rule):
         return bool(values) and all(self._cpu_factory(value) for value in values)
 
     def _cpu_factory(self, expr: cst.BaseExpression) -> bool:
-        if not isinstance(expr, cst.Call):
+        if type(expr) is not cst.Call:
             return False
         if self.context.qualify(expr.func) not in _CPU_FACTORIES:
             return False
@@ -152,7 +152,7 @@ class BackendDeviceMismatch(Rule):
 
 
 def _is_nccl(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.SimpleString) and (string_value(expr) or "").lower() == "nccl"
+    return type(expr) is cst.SimpleString and (string_value(expr) or "").lower() == "nccl"
 
 
 def _cpu_path_message() -> str:

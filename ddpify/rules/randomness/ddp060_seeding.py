@@ -79,7 +79,7 @@ class SameSeedEveryRank(DistributedRule):
 
     def _is_statement(self) -> bool:
         ancestors = self.context.ancestors
-        return len(ancestors) > 1 and isinstance(ancestors[-2], cst.Expr)
+        return len(ancestors) > 1 and type(ancestors[-2]) is cst.Expr
 
     def _helper_call(self, call: cst.Call) -> None:
         """`set_random_seed(seed)` with the helper in a local module: its body seeds the
@@ -107,7 +107,7 @@ class SameSeedEveryRank(DistributedRule):
             return True
         if is_draw(name):
             function = self.context.enclosing(cst.FunctionDef)
-            return isinstance(function, cst.FunctionDef) and function.name.value in DATA_METHODS
+            return type(function) is cst.FunctionDef and function.name.value in DATA_METHODS
         return False
 
     def _depends_on_rank(self, expr: cst.BaseExpression) -> bool:
@@ -183,11 +183,11 @@ def _dotted_names(expr: cst.CSTNode) -> list[str]:
     found, stack = [], [expr]
     while stack:
         node = stack.pop()
-        name = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+        name = dotted(node) if type(node) in (cst.Name, cst.Attribute) else None
         if name is not None:
             found.append(name)
             continue
-        if isinstance(node, cst.SimpleString):
+        if type(node) is cst.SimpleString:
             found.append(node.raw_value)
         stack.extend(children(node))
     return found

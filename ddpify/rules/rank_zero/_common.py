@@ -78,7 +78,7 @@ def _names(node: cst.CSTNode) -> Iterator[str]:
     stack = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, cst.Name):
+        if type(current) is cst.Name:
             yield current.value
         stack.extend(children(current))
 
@@ -120,8 +120,8 @@ def statement_of(ancestors: Sequence[cst.CSTNode]) -> cst.CSTNode | None:
 def _is_main_check(test: cst.BaseExpression) -> bool:
     """`__name__ == "__main__"`."""
     return (
-        isinstance(test, cst.Comparison)
-        and isinstance(test.left, cst.Name)
+        type(test) is cst.Comparison
+        and type(test.left) is cst.Name
         and test.left.value == "__name__"
     )
 
@@ -130,7 +130,7 @@ def non_zero_guarded(ancestors: Sequence[cst.CSTNode]) -> bool:
     """Whether the last node runs on the ranks other than 0 (`if rank != 0:`, `else:`,
     `if not is_leader and num_gpus > 1:`)."""
     for parent, child in zip(ancestors, ancestors[1:]):
-        if not isinstance(parent, cst.If):
+        if type(parent) is not cst.If:
             continue
         if child is parent.body and excludes_rank_zero(parent.test):
             return True
@@ -142,7 +142,7 @@ def non_zero_guarded(ancestors: Sequence[cst.CSTNode]) -> bool:
 
 def under_main_block(ancestors: Sequence[cst.CSTNode]) -> bool:
     return any(
-        isinstance(parent, cst.If) and child is parent.body and _is_main_check(parent.test)
+        type(parent) is cst.If and child is parent.body and _is_main_check(parent.test)
         for parent, child in zip(ancestors, ancestors[1:])
     )
 
@@ -192,7 +192,7 @@ class Binding:
         return frozenset(
             id(parent)
             for parent in self.ancestors
-            if isinstance(parent, (cst.If, cst.IfExp)) and not _is_main_check(parent.test)
+            if type(parent) in (cst.If, cst.IfExp) and not _is_main_check(parent.test)
         )
 
 
@@ -238,10 +238,10 @@ class RankZeroFacts:
                 self.method_sites[call.func.attr.value].append(site)
         spawned = self._spawned_function(call, qualified)
         for arg in call.args:
-            if isinstance(arg.value, cst.Name):
+            if type(arg.value) is cst.Name:
                 site = Site(ancestors, every_rank=arg.value is spawned)
                 self.sites[arg.value.value].append(site)
-            elif isinstance(arg.value, cst.Attribute) and self.context.qualify(arg.value) is None:
+            elif type(arg.value) is cst.Attribute and self.context.qualify(arg.value) is None:
                 site = Site(ancestors, every_rank=arg.value is spawned)
                 self.method_sites[arg.value.attr.value].append(site)
 
@@ -258,7 +258,7 @@ class RankZeroFacts:
         if not self.first_visit(node) or node.value is None:
             return
         ancestors = tuple(self.context.ancestors)
-        if isinstance(node, cst.Assign):
+        if type(node) is cst.Assign:
             targets = [t.target for t in node.targets]
         else:
             targets = [node.target]
@@ -267,7 +267,7 @@ class RankZeroFacts:
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, ancestors) -> None:
         item = False
-        if isinstance(target, cst.Subscript):
+        if type(target) is cst.Subscript:
             target, item = target.value, True
         name = dotted(target)
         if name is not None:
@@ -277,7 +277,7 @@ class RankZeroFacts:
             self.bindings_by_name[name].append(binding)
             if not item and self.wraps_ddp(value):
                 self.wrapper_names.add(name)
-        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+        elif type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List):
             for t, v in zip(target.elements, value.elements):
                 self._bind(t.value, v.value, ancestors)
 
@@ -351,10 +351,10 @@ class RankZeroFacts:
     def _sites_of(self, name: str, is_method: bool, cls: cst.CSTNode | None) -> list[Site]:
         if not is_method:
             return self.sites.get(name, [])
-        if name == "__init__" and isinstance(cls, cst.ClassDef):
+        if name == "__init__" and type(cls) is cst.ClassDef:
             return self.sites.get(cls.name.value, [])
         sites = self.method_sites.get(name, [])
-        if isinstance(cls, cst.ClassDef):
+        if type(cls) is cst.ClassDef:
             sites = [site for site in sites if not self._other_class(site.receiver, cls)]
         return sites
 
@@ -365,7 +365,7 @@ class RankZeroFacts:
             return False
         values = self.assigned_anywhere(receiver)
         return bool(values) and all(
-            isinstance(value, cst.Call)
+            type(value) is cst.Call
             and (dotted(value.func) or "").rsplit(".", 1)[-1] not in ("", cls.name.value)
             for value in values
         )
@@ -382,16 +382,16 @@ class RankZeroFacts:
             return (before or rebinds or [None])[-1]
         for scope in _enclosing_scopes(ancestors):
             found = [b for b in self.bindings.get((id(scope), name), []) if not b.item]
-            if isinstance(scope, cst.Module):
+            if type(scope) is cst.Module:
                 before = [b for b in found if b.seq < seq]
                 # A function reads a global when it runs, after the whole module ran.
-                if any(isinstance(a, cst.FunctionDef) for a in ancestors):
+                if any(type(a) is cst.FunctionDef for a in ancestors):
                     before = found
                 return before[-1] if before else None
             if found:
                 before = [b for b in found if b.seq < seq]
                 return before[-1] if before else None
-            if isinstance(scope, cst.FunctionDef) and is_parameter(scope, name):
+            if type(scope) is cst.FunctionDef and is_parameter(scope, name):
                 return None
         return None
 
@@ -411,7 +411,7 @@ class RankZeroFacts:
         return binding
 
     def wraps_ddp(self, value: cst.BaseExpression) -> bool:
-        if isinstance(value, cst.IfExp):
+        if type(value) is cst.IfExp:
             return self.wraps_ddp(value.body) or self.wraps_ddp(value.orelse)
         call = unwrap_call_chain(value)
         # `model = wrap_model(model)`: a helper of this file that returns `DDP(...)`.
@@ -427,14 +427,14 @@ def binding_scope(name: str, ancestors: Sequence[cst.CSTNode]) -> cst.CSTNode | 
 
 def _enclosing_scopes(ancestors: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
     for node in reversed(ancestors):
-        if isinstance(node, (cst.FunctionDef, cst.Module)):
+        if type(node) in (cst.FunctionDef, cst.Module):
             yield node
 
 
 def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> bool:
     """Whether every path reaching `ancestors`' node went through `binding`."""
     shared = {id(a) for a in ancestors}
-    return binding.conditions() <= shared and not isinstance(binding.value, cst.IfExp)
+    return binding.conditions() <= shared and type(binding.value) is not cst.IfExp
 
 
 def under_flag(ancestors: Sequence[cst.CSTNode], is_guard_flag) -> bool:
@@ -445,13 +445,13 @@ def under_flag(ancestors: Sequence[cst.CSTNode], is_guard_flag) -> bool:
 def _required_names(ancestors: Sequence[cst.CSTNode]) -> Iterator[str]:
     """The names and attributes the `if`s around the last node require to run its body."""
     for parent, child in zip(ancestors, ancestors[1:]):
-        if isinstance(parent, cst.If) and child is parent.body:
+        if type(parent) is cst.If and child is parent.body:
             yield from _conjuncts(parent.test)
 
 
 def _conjuncts(test: cst.BaseExpression) -> Iterator[str]:
     """The names and attributes `test` requires: `a and b.c and f(x)` -> a, b.c."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
         yield from _conjuncts(test.left)
         yield from _conjuncts(test.right)
         return

@@ -80,7 +80,7 @@ class UnguardedSave(RankZeroRule):
             return qualified
         if (
             qualified is None
-            and isinstance(node.func, cst.Attribute)
+            and type(node.func) is cst.Attribute
             and node.func.attr.value in SAVE_METHODS
         ):
             return node.func.attr.value
@@ -104,7 +104,7 @@ class UnguardedSave(RankZeroRule):
     def _in_memory(self, path: cst.BaseExpression) -> bool:
         values = self._values(path)
         return bool(values) and all(
-            isinstance(value, cst.Call) and self.context.qualify(value.func) in IN_MEMORY
+            type(value) is cst.Call and self.context.qualify(value.func) in IN_MEMORY
             for value in values
         )
 
@@ -166,19 +166,19 @@ def saves_on_any_rank(function: cst.FunctionDef, qualify, is_guard_flag=None) ->
     found = False
 
     def same_file_on_every_rank(path: cst.BaseExpression) -> bool:
-        value = assigned.get(path.value, path) if isinstance(path, cst.Name) else path
+        value = assigned.get(path.value, path) if type(path) is cst.Name else path
         if mentions_rank(path) or mentions_rank(value):
             return False
-        return not (isinstance(value, cst.Call) and qualify(value.func) in IN_MEMORY)
+        return not (type(value) is cst.Call and qualify(value.func) in IN_MEMORY)
 
     def enter(node: cst.CSTNode) -> None:
         nonlocal found
         ancestors.append(node)
-        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+        if type(node) is cst.Assign and len(node.targets) == 1:
             target = node.targets[0].target
-            if isinstance(target, cst.Name):
+            if type(target) is cst.Name:
                 assigned[target.value] = node.value
-        if found or not isinstance(node, cst.Call) or qualify(node.func) not in SAVE_CALLS:
+        if found or type(node) is not cst.Call or qualify(node.func) not in SAVE_CALLS:
             return
         keyword, position = SAVE_CALLS[qualify(node.func)]
         path = keyword_arg(node, keyword) or positional_arg(node, position)

@@ -153,8 +153,8 @@ def _state_dict_calls(expr: cst.CSTNode) -> Iterator[cst.Call]:
     while stack:
         node = stack.pop()
         if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
+            type(node) is cst.Call
+            and type(node.func) is cst.Attribute
             and node.func.attr.value == "state_dict"
             and dotted(node.func.value) is not None
         ):

@@ -139,12 +139,12 @@ class UnguardedLogging(RankZeroRule):
 
     def _is_log_call(self, node: cst.Call, qualified: str | None) -> bool:
         func = node.func
-        if not isinstance(func, cst.Attribute) or func.attr.value not in LOG_LEVELS:
+        if type(func) is not cst.Attribute or func.attr.value not in LOG_LEVELS:
             return False
         if qualified is not None:
             return qualified.startswith(("logging.", "loguru.logger."))
         receiver = func.value
-        if isinstance(receiver, cst.Call):  # `logging.getLogger(__name__).info(...)`
+        if type(receiver) is cst.Call:  # `logging.getLogger(__name__).info(...)`
             return self.context.qualify(receiver.func) == "logging.getLogger"
         name = dotted(receiver)
         return name is not None and name in self.context.model.names_bound_to("logging.getLogger")
@@ -188,7 +188,7 @@ class UnguardedLogging(RankZeroRule):
     def _is_logger(self, call: cst.Call, loggers: set[str]) -> bool:
         receiver = call.func.value  # type: ignore[attr-defined]
         return (
-            isinstance(receiver, cst.Call)
+            type(receiver) is cst.Call
             or self.context.qualify(call.func) is not None
             or (dotted(receiver) in loggers)
         )

@@ -68,7 +68,7 @@ class CollectiveUnderRankGuard(RankZeroRule):
         """A forward of the DDP wrapper (`ddp_model(x)`, `ddp_model.forward(x)`) that
         broadcasts buffers."""
         func = collective.call.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        if type(func) is cst.Attribute and func.attr.value == "forward":
             func = func.value
         binding = self.facts.wrapper_binding(func, collective.ancestors, collective.seq)
         if binding is None:
@@ -98,10 +98,10 @@ class CollectiveUnderRankGuard(RankZeroRule):
 
 def _function_of(collective: _Collective) -> cst.FunctionDef | None:
     found = innermost(collective.ancestors, cst.FunctionDef)
-    return found if isinstance(found, cst.FunctionDef) else None
+    return found if type(found) is cst.FunctionDef else None
 
 
 def _buffers_not_broadcast(wrap: cst.Call | None) -> bool:
     """`DDP(model, broadcast_buffers=False)`: its forward runs no collective."""
     arg = keyword_arg(wrap, "broadcast_buffers") if wrap is not None else None
-    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "False"
+    return arg is not None and type(arg.value) is cst.Name and arg.value.value == "False"

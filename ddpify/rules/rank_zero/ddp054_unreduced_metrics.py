@@ -121,7 +121,7 @@ class UnreducedMetrics(Rule):
     # -- what the loop accumulates ----------------------------------------------------
 
     def _metrics(self, loop: Located, loaders: set[str]) -> _Metrics | None:
-        if not isinstance(loop.node, cst.For):
+        if type(loop.node) is not cst.For:
             return None
         iterated = iterated_names(loop.node, self.context.tree)
         over = sorted(iterated & loaders)
@@ -185,7 +185,7 @@ class UnreducedMetrics(Rule):
         unpacked (`accuracy, loss = evaluate(...)`)."""
         targets: set[str] = set()
         for node in self._index().assigns:
-            if isinstance(node.value, cst.Call) and _last(node.value.func) == function:
+            if type(node.value) is cst.Call and _last(node.value.func) == function:
                 for target in node.targets:
                     targets.update(_target_names(target.target))
         return targets
@@ -224,11 +224,11 @@ def _drawn_from(loop: cst.For, loaders: set[str]) -> list[str]:
     `next(loader)`."""
     found = set()
     for node in own_nodes(loop.body):
-        if not isinstance(node, cst.Call):
+        if type(node) is not cst.Call:
             continue
-        if isinstance(node.func, cst.Attribute):
+        if type(node.func) is cst.Attribute:
             receiver = dotted(node.func.value)
-        elif isinstance(node.func, cst.Name) and node.func.value == "next" and node.args:
+        elif type(node.func) is cst.Name and node.func.value == "next" and node.args:
             receiver = dotted(node.args[0].value)
         else:
             continue
@@ -243,10 +243,10 @@ def _accumulators(loop: cst.For) -> list[str]:
     found: list[str] = []
     for node in own_nodes(loop.body):
         name = None
-        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign):
-            if not isinstance(node.value, (cst.Integer, cst.Float)):
+        if type(node) is cst.AugAssign and type(node.operator) is cst.AddAssign:
+            if type(node.value) not in (cst.Integer, cst.Float):
                 name = _accumulated(node.target)
-        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        elif type(node) is cst.Call and type(node.func) is cst.Attribute:
             if node.func.attr.value in _GATHERING and node.args:
                 name = dotted(node.func.value)
                 if name is not None and _PROGRESS.search(name.rsplit(".", 1)[-1]):
@@ -259,9 +259,9 @@ def _accumulators(loop: cst.For) -> list[str]:
 def _accumulated(target: cst.BaseExpression) -> str | None:
     """`total` of `total += x`, `counts` of `counts[0] += x`; not `state["step"] += x`,
     a dict of unrelated counters whose other entries are no metric."""
-    if isinstance(target, cst.Subscript):
+    if type(target) is cst.Subscript:
         index = target.slice[0].slice if len(target.slice) == 1 else None
-        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+        if type(index) is cst.Index and type(index.value) is cst.SimpleString:
             return None
         target = target.value
     return dotted(target)
@@ -269,14 +269,14 @@ def _accumulated(target: cst.BaseExpression) -> str | None:
 
 def _derived(scope: cst.CSTNode, family: set[str]) -> set[str]:
     """`family` and the names assigned from it in `scope`, transitively."""
-    assigns = [n for n in own_nodes(scope) if isinstance(n, (cst.Assign, cst.AnnAssign))]
+    assigns = [n for n in own_nodes(scope) if type(n) in (cst.Assign, cst.AnnAssign)]
     changed = True
     while changed:
         changed = False
         for assign in assigns:
             if assign.value is None or not names_of(assign.value) & family:
                 continue
-            targets = assign.targets if isinstance(assign, cst.Assign) else [assign]
+            targets = assign.targets if type(assign) is cst.Assign else [assign]
             for target in targets:
                 for name in _target_names(target.target):
                     if name not in family:
@@ -286,7 +286,7 @@ def _derived(scope: cst.CSTNode, family: set[str]) -> set[str]:
 
 
 def _target_names(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, (cst.Tuple, cst.List)):
+    if type(target) in (cst.Tuple, cst.List):
         return [n for element in target.elements for n in _target_names(element.value)]
     name = dotted(target)
     return [name] if name else []
@@ -295,7 +295,7 @@ def _target_names(target: cst.BaseExpression) -> list[str]:
 def _log_calls(scope: cst.CSTNode, family: set[str]) -> list[tuple[cst.Call, set[str]]]:
     found = []
     for node in walk_subtree(scope):
-        if not isinstance(node, cst.Call) or not _is_log_call(node):
+        if type(node) is not cst.Call or not _is_log_call(node):
             continue
         shown = set()
         for arg in node.args:
@@ -314,7 +314,7 @@ def _is_log_call(call: cst.Call) -> bool:
 
 def _returns(function: cst.FunctionDef, family: set[str]) -> bool:
     return any(
-        isinstance(node, cst.Return) and node.value is not None and names_of(node.value) & family
+        type(node) is cst.Return and node.value is not None and names_of(node.value) & family
         for node in own_nodes(function)
     )
 
@@ -322,15 +322,15 @@ def _returns(function: cst.FunctionDef, family: set[str]) -> bool:
 def _is_evaluation(loop: Located, loader: str) -> bool:
     """The loop runs without gradients, or its loader or function reads as evaluation."""
     for node in loop.ancestors:
-        if isinstance(node, cst.With):
+        if type(node) is cst.With:
             for item in node.items:
                 call = item.item
-                if isinstance(call, cst.Call) and _last(call.func) in _NO_GRAD:
+                if type(call) is cst.Call and _last(call.func) in _NO_GRAD:
                     return True
-        if isinstance(node, cst.FunctionDef):
+        if type(node) is cst.FunctionDef:
             for decorator in node.decorators:
                 expr = decorator.decorator
-                if _last(expr.func if isinstance(expr, cst.Call) else expr) in _NO_GRAD:
+                if _last(expr.func if type(expr) is cst.Call else expr) in _NO_GRAD:
                     return True
     function = loop.function()
     words = [loader.rsplit(".", 1)[-1].lower()]

@@ -46,7 +46,7 @@ def insert_before(
     """
     index = list(ancestors).index(statement)
     block = ancestors[index - 1]
-    if not isinstance(block, (cst.IndentedBlock, cst.Module)):
+    if type(block) not in (cst.IndentedBlock, cst.Module):
         return None
     body = list(block.body)
     position = body.index(statement)

@@ -31,18 +31,16 @@ from ddpify.analysis.training import (
     DDP,
     Located,
     accumulation_test,
-    always_ddp,
-    ddp_wrappers,
     is_optimizer_step,
     names_of,
     own_nodes,
     walk_subtree,
-    wraps_ddp,
 )
+from ddpify.analysis.wrappers import WrapperFacts, always_wrapped_in, wraps_ddp
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.training_loop._common import LoopRule
-from ddpify.walk import children
+from ddpify.walk import SubtreeMemo, children
 
 _MODEL_NAME = re.compile(r"^(ddp_)?(model|net|network|module)$", re.I)
 _ASSIGNING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For)
@@ -90,7 +88,7 @@ class AccumulationWithoutNoSync(LoopRule):
         model = self.context.model
         if not model.method_calls.get("backward") or not self.applies():
             return
-        wrappers = ddp_wrappers(model)
+        wrappers = self.context.wrappers.wrapped_names()
         imports_ddp = DDP in self.context.imports.aliases.values()
         if not wrappers and not imports_ddp:
             imports_ddp = self._wrapped_in_another_module()
@@ -100,7 +98,7 @@ class AccumulationWithoutNoSync(LoopRule):
         reported: set[int] = set()
         for unit in self._units():
             if self.loops.no_sync_near(unit):
-                if wrappers and not isinstance(unit.node, cst.FunctionDef):
+                if wrappers and type(unit.node) is not cst.FunctionDef:
                     self._check_partial(unit, wrappers)
                 continue
             found = self._accumulation_around(unit, wrappers)
@@ -130,7 +128,7 @@ class AccumulationWithoutNoSync(LoopRule):
         it within the same function: the loop that steps the optimizer may enclose the
         one that runs the backward (a rollout over time steps per batch)."""
         found = self._accumulation(unit, wrappers, any_model)
-        if found is not None or isinstance(unit.node, cst.FunctionDef):
+        if found is not None or type(unit.node) is cst.FunctionDef:
             return found
         for outer in self._enclosing_loops(unit):
             found = self._accumulation(outer, wrappers, any_model)
@@ -155,7 +153,7 @@ class AccumulationWithoutNoSync(LoopRule):
         loops = {id(loop.node): loop for loop in self.loops.loops}
         found = []
         for node in reversed(unit.ancestors[:-1]):
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
                 break
             if id(node) in loops:
                 found.append(loops[id(node)])
@@ -195,10 +193,10 @@ class AccumulationWithoutNoSync(LoopRule):
         this one: then the wrap is proven, not guessed."""
         head, _, attribute = found.wrapper.partition(".")
         cls = found.loop.scope()
-        if head != "self" or not attribute or not isinstance(cls, cst.ClassDef):
+        if head != "self" or not attribute or type(cls) is not cst.ClassDef:
             return False
         values = self.context.model.bindings.get(found.wrapper, [])
-        if len(values) != 1 or not isinstance(values[0], cst.Name):
+        if len(values) != 1 or type(values[0]) is not cst.Name:
             return False
         if not any(node is values[0] for node in walk_subtree(cls)):
             return False  # another class of the module stores it
@@ -225,14 +223,14 @@ class AccumulationWithoutNoSync(LoopRule):
     def _fix(self, found: _Accumulation) -> NodeFix | None:
         if found.forward_index is None:
             return None
-        if not _safe_to_wrap(self.context.model, found, self._optimizers()):
+        if not _safe_to_wrap(self.context.wrappers, found, self._optimizers()):
             return None
         nullcontext, import_fix = self._nullcontext()
         if nullcontext is None:
             return None
         test = found.step_if.test
         shown = self.context.code(test).strip()
-        if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.NamedExpr)):
+        if type(test) in (cst.BooleanOperation, cst.IfExp, cst.NamedExpr):
             shown = f"({shown})"
         header = f"with {nullcontext}() if {shown} else {found.wrapper}.no_sync():\n    pass\n"
         template = cst.parse_statement(header)
@@ -305,11 +303,11 @@ class AccumulationWithoutNoSync(LoopRule):
     def _check_partial(self, loop: Located, wrappers: set[str]) -> None:
         """`with model.no_sync(): loss.backward()` after a forward outside the block."""
         for node in own_nodes(loop.node):
-            if not isinstance(node, cst.With):
+            if type(node) is not cst.With:
                 continue
             for item in node.items:
                 call = item.item
-                if not (isinstance(call, cst.Call) and method_name(call) == "no_sync"):
+                if not (type(call) is cst.Call and method_name(call) == "no_sync"):
                     continue
                 wrapper = dotted(call.func.value)  # type: ignore[attr-defined]
                 if wrapper in wrappers and _forward_outside(loop.node, node, wrapper):
@@ -338,33 +336,33 @@ def _phase_message(control: str, synced: Phase, step: Phase) -> str:
 def _forward_outside(loop: cst.CSTNode, block: cst.With, wrapper: str) -> bool:
     """The block runs a backward but not the wrapper, which the loop calls elsewhere."""
     inside = list(own_nodes(block.body))
-    if not any(isinstance(n, cst.Call) and method_name(n) == "backward" for n in inside):
+    if not any(type(n) is cst.Call and method_name(n) == "backward" for n in inside):
         return False
     if wrapper in names_of(block.body):
         return False
     ids = {id(n) for n in inside}
     return any(
-        isinstance(n, cst.Call) and dotted(n.func) == wrapper and id(n) not in ids
+        type(n) is cst.Call and dotted(n.func) == wrapper and id(n) not in ids
         for n in own_nodes(loop)
     )
 
 
 def _is_ddp(model, value: cst.BaseExpression) -> bool:
     """`DDP(m)` itself, or a name every assignment of which is one (in `model`'s module)."""
-    if wraps_ddp(model, value) and not isinstance(value, cst.IfExp):
+    if wraps_ddp(model.imports, value) and type(value) is not cst.IfExp:
         return True
     name = dotted(value)
-    return name is not None and always_ddp(model, name)
+    return name is not None and always_wrapped_in(model, name)
 
 
 def _is_plain_import(statement: cst.CSTNode) -> bool:
     """A top-level `import x` / `from x import y` line (not `from __future__`)."""
-    if not isinstance(statement, cst.SimpleStatementLine):
+    if type(statement) is not cst.SimpleStatementLine:
         return False
     for small in statement.body:
-        if isinstance(small, cst.Import):
+        if type(small) is cst.Import:
             return True
-        if isinstance(small, cst.ImportFrom):
+        if type(small) is cst.ImportFrom:
             return dotted(small.module) != "__future__" if small.module else True
     return False
 
@@ -383,11 +381,11 @@ class _MicroStep:
 
 def _micro_step(model, loop: Located, optimizers: set[str]) -> _MicroStep | None:
     node = loop.node
-    if not isinstance(node.body, cst.IndentedBlock):
+    if type(node.body) is not cst.IndentedBlock:
         return None
     body = list(node.body.body)
-    backward = _backward_in(body)
-    nested = backward is None and isinstance(node, (cst.For, cst.While))
+    backward = _BACKWARD_IN(node)
+    nested = backward is None and type(node) in (cst.For, cst.While)
     if nested:
         backward = _nested_backward_in(body, node, optimizers)
     if backward is None:
@@ -412,7 +410,7 @@ def _accumulation(
         step.nested,
         step.step_if,
     )
-    used = names_of(node)
+    used = _NAMES_OF(node)
     if any_model:
         wrappers = {name for name in used if _MODEL_NAME.search(name.rsplit(".", 1)[-1])}
     wrapper = next((w for w in sorted(wrappers) if w in used), None)
@@ -433,10 +431,15 @@ def _nested_backward_in(
         if call is None:
             continue
         steps = own_nodes(statement)
-        if any(isinstance(n, cst.Call) and is_optimizer_step(n, optimizers) for n in steps):
+        if any(type(n) is cst.Call and is_optimizer_step(n, optimizers) for n in steps):
             return None
         return index, call
     return None
+
+
+# Per loop (or step function), its subtree alone: kept across the language server's lints.
+_BACKWARD_IN = SubtreeMemo(lambda node: _backward_in(list(node.body.body)))
+_NAMES_OF = SubtreeMemo(lambda node: frozenset(names_of(node)))
 
 
 def _backward_in(body: list[cst.BaseStatement]) -> tuple[int, cst.Call] | None:
@@ -476,27 +479,27 @@ def _accumulation_step(
     model, statements: list[cst.BaseStatement], optimizers: set[str]
 ) -> cst.If | None:
     for statement in statements:
-        if isinstance(statement, cst.If) and accumulation_test(statement.test, model):
+        if type(statement) is cst.If and accumulation_test(statement.test, model):
             if any(
-                isinstance(n, cst.Call) and is_optimizer_step(n, optimizers)
+                type(n) is cst.Call and is_optimizer_step(n, optimizers)
                 for n in own_nodes(statement.body)
             ):
                 return statement
     return None
 
 
-def _safe_to_wrap(model, found: _Accumulation, optimizers: set[str]) -> bool:
+def _safe_to_wrap(wrappers: WrapperFacts, found: _Accumulation, optimizers: set[str]) -> bool:
     """The fix evaluates the step test before the forward: it must mean the same there.
 
     So: the wrapper is always a DDP object (it has `no_sync`), the test calls nothing
     but `len` and reads nothing the loop body assigns, and the loop steps the optimizer
     nowhere else (a step outside the test would use unsynchronised gradients).
     """
-    if not always_ddp(model, found.wrapper):
+    if not wrappers.always_wrapped(found.wrapper):
         return False
     test = found.step_if.test
     for node in own_nodes(test):
-        if isinstance(node, cst.Call) and dotted(node.func) not in {"len", "int"}:
+        if type(node) is cst.Call and dotted(node.func) not in {"len", "int"}:
             return False
     assigned = set()
     for node in own_nodes(found.loop.node.body):
@@ -508,9 +511,9 @@ def _safe_to_wrap(model, found: _Accumulation, optimizers: set[str]) -> bool:
     steps = [
         n
         for n in own_nodes(found.loop.node.body)
-        if isinstance(n, cst.Call) and is_optimizer_step(n, optimizers)
+        if type(n) is cst.Call and is_optimizer_step(n, optimizers)
     ]
-    in_test = {id(n) for n in own_nodes(found.step_if.body) if isinstance(n, cst.Call)}
+    in_test = {id(n) for n in own_nodes(found.step_if.body) if type(n) is cst.Call}
     if not all(id(step) in in_test for step in steps):
         return False
     # A step after the loop (flushing the last partial window) would use gradients the
@@ -518,14 +521,14 @@ def _safe_to_wrap(model, found: _Accumulation, optimizers: set[str]) -> bool:
     scope = found.loop.function() or found.loop.ancestors[0]
     inside = {id(n) for n in own_nodes(found.loop.node)}
     return not any(
-        isinstance(n, cst.Call) and is_optimizer_step(n, optimizers) and id(n) not in inside
+        type(n) is cst.Call and is_optimizer_step(n, optimizers) and id(n) not in inside
         for n in own_nodes(scope)
     )
 
 
 def _targets(node: cst.CSTNode) -> list[cst.CSTNode]:
-    if isinstance(node, cst.Assign):
+    if type(node) is cst.Assign:
         return [t.target for t in node.targets]
-    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For)):
+    if type(node) in (cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For):
         return [node.target]
     return []

@@ -36,7 +36,7 @@ def _scales_with_batch(name: str) -> bool:
 
 def _literal_key(node: cst.Subscript) -> str | None:
     index = node.slice[0].slice if len(node.slice) == 1 else None
-    if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+    if type(index) is cst.Index and type(index.value) is cst.SimpleString:
         value = index.value.evaluated_value
         return value if isinstance(value, str) else None
     return None
@@ -44,9 +44,9 @@ def _literal_key(node: cst.Subscript) -> str | None:
 
 def looks_unscaled(expr: cst.BaseExpression) -> bool:
     """A number, or a name that reads a configured learning rate: `args.lr`, `cfg["lr"]`."""
-    if isinstance(expr, (cst.Integer, cst.Float)):
+    if type(expr) in (cst.Integer, cst.Float):
         return True
-    if isinstance(expr, cst.Subscript):
+    if type(expr) is cst.Subscript:
         key = _literal_key(expr)
         return key is not None and bool(_LR_NAME.match(key))
     name = dotted(expr)
@@ -57,9 +57,9 @@ def _words(node: cst.CSTNode) -> list[str]:
     """Identifiers and string literals in `node` (`os.environ["WORLD_SIZE"]` counts)."""
     found = []
     for child in (node, *descendants(node)):
-        if isinstance(child, cst.Name):
+        if type(child) is cst.Name:
             found.append(child.value)
-        elif isinstance(child, cst.SimpleString):
+        elif type(child) is cst.SimpleString:
             value = child.evaluated_value
             if isinstance(value, str):
                 found.append(value)
@@ -72,14 +72,14 @@ def _mentions(words: list[str], pattern: re.Pattern[str]) -> bool:
 
 def _scales_lr_or_batch(node: cst.BinaryOperation) -> bool:
     """`args.lr * world_size`, `base_lr * total_batch / 256`, `batch_size // world_size`."""
-    if not isinstance(node.operator, (cst.Multiply, cst.Divide, cst.FloorDivide)):
+    if type(node.operator) not in (cst.Multiply, cst.Divide, cst.FloorDivide):
         return False
     words = _words(node)
     by_world_or_batch = _mentions(words, _WORLD_WORD) or _mentions(words, _BATCH_WORD)
     if _mentions(words, _LR_WORD) and by_world_or_batch:
         return True
     # Dividing (the batch) by the world size keeps the global batch of one GPU.
-    divides = isinstance(node.operator, (cst.Divide, cst.FloorDivide))
+    divides = type(node.operator) in (cst.Divide, cst.FloorDivide)
     return divides and _mentions(_words(node.right), _WORLD_WORD)
 
 
@@ -87,7 +87,7 @@ def _scaled_assignment(targets: list[str], value: cst.BaseExpression, direct: bo
     """`lr = 0.1 * world_size`, `args.lr *= dist.get_world_size()`."""
     if not _mentions(targets, _LR_WORD):
         return False
-    if not (direct or isinstance(value, cst.BinaryOperation)):
+    if not (direct or type(value) is cst.BinaryOperation):
         return False
     words = _words(value)
     return _mentions(words, _WORLD_WORD) or _mentions(words, _BATCH_WORD)
@@ -95,17 +95,17 @@ def _scaled_assignment(targets: list[str], value: cst.BaseExpression, direct: bo
 
 def _adapts_to_world(node: cst.CSTNode) -> bool:
     """Whether `node` adapts the LR or the batch to the number of processes."""
-    if isinstance(node, cst.BinaryOperation):
+    if type(node) is cst.BinaryOperation:
         return _scales_lr_or_batch(node)
-    if isinstance(node, cst.Assign):
+    if type(node) is cst.Assign:
         targets = [word for target in node.targets for word in _words(target.target)]
         return _scaled_assignment(targets, node.value)
-    if isinstance(node, cst.AugAssign):
+    if type(node) is cst.AugAssign:
         scaling = (cst.MultiplyAssign, cst.DivideAssign, cst.FloorDivideAssign)
         return isinstance(node.operator, scaling) and _scaled_assignment(
             _words(node.target), node.value, direct=True
         )
-    if isinstance(node, cst.Call):  # `scale_lr(args.lr, world_size)`
+    if type(node) is cst.Call:  # `scale_lr(args.lr, world_size)`
         words = [word for arg in node.args for word in _words(arg.value)]
         return _mentions(words, _LR_WORD) and _mentions(words, _WORLD_WORD)
     return False

@@ -67,7 +67,7 @@ class ScheduleStepsFromDataset(LoopRule):
         if type(func) is cst.Name and func.value == "len":
             self._place(node)
             return
-        last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
+        last = func.attr.value if type(func) is cst.Attribute else getattr(func, "value", "")
         if not (isinstance(last, str) and (last[:1].isupper() or last.startswith("get_"))):
             return  # loaders and schedulers are classes or `get_*` factories
         qualified = self.context.qualify(func)
@@ -179,9 +179,9 @@ def _is_scheduler(qualified: str | None, func: cst.BaseExpression) -> bool:
 
 def _mentions_world(expr: cst.CSTNode) -> bool:
     for node in walk_subtree(expr):
-        if isinstance(node, cst.Name) and _WORLD.search(node.value):
+        if type(node) is cst.Name and _WORLD.search(node.value):
             return True
-        if isinstance(node, cst.SimpleString) and "WORLD_SIZE" in node.value:
+        if type(node) is cst.SimpleString and "WORLD_SIZE" in node.value:
             return True
     return False
 
@@ -191,8 +191,8 @@ def _dataset_lengths(expressions: list[cst.CSTNode], datasets: set[str]) -> list
     for expr in expressions:
         for node in walk_subtree(expr):
             if (
-                isinstance(node, cst.Call)
-                and isinstance(node.func, cst.Name)
+                type(node) is cst.Call
+                and type(node.func) is cst.Name
                 and node.func.value == "len"
                 and len(node.args) == 1
                 and dotted(node.args[0].value) in datasets
@@ -213,9 +213,9 @@ def _division_of(length: cst.Call, expressions: list[cst.CSTNode]) -> cst.Binary
     for expr in expressions:
         for node in walk_subtree(expr):
             if (
-                isinstance(node, cst.BinaryOperation)
+                type(node) is cst.BinaryOperation
                 and node.left is length
-                and isinstance(node.operator, (cst.FloorDivide, cst.Divide))
+                and type(node.operator) in (cst.FloorDivide, cst.Divide)
             ):
                 return node
     return None
@@ -226,7 +226,7 @@ def _rounding_of(division: cst.BinaryOperation, expressions: list[cst.CSTNode]) 
     for expr in expressions:
         for node in walk_subtree(expr):
             if (
-                isinstance(node, cst.Call)
+                type(node) is cst.Call
                 and len(node.args) == 1
                 and node.args[0].value is division
                 and (dotted(node.func) or "").rsplit(".", 1)[-1] in {"ceil", "floor", "int"}

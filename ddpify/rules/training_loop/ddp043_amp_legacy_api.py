@@ -52,7 +52,7 @@ def _legacy_module(node: cst.ImportFrom) -> str | None:
 def _alias_local(alias: cst.ImportAlias, from_import: bool) -> str | None:
     """The name an import alias binds: `b` for `import a as b`, `a` for `import a.x`."""
     if alias.asname is not None:
-        return alias.asname.name.value if isinstance(alias.asname.name, cst.Name) else None
+        return alias.asname.name.value if type(alias.asname.name) is cst.Name else None
     name = dotted(alias.name)
     if name is None:
         return None
@@ -60,9 +60,9 @@ def _alias_local(alias: cst.ImportAlias, from_import: bool) -> str | None:
 
 
 def _bound_names(node: cst.Import | cst.ImportFrom) -> list[str]:
-    if isinstance(node.names, cst.ImportStar):
+    if type(node.names) is cst.ImportStar:
         return []
-    from_import = isinstance(node, cst.ImportFrom)
+    from_import = type(node) is cst.ImportFrom
     locals_ = (_alias_local(alias, from_import) for alias in node.names)
     return [local for local in locals_ if local is not None]
 
@@ -89,16 +89,16 @@ def in_compat_shim(ancestors: list[cst.CSTNode]) -> bool:
 def _top_level_torch(module: cst.Module) -> str | None:
     """The module-level name bound to `torch` itself, if any."""
     for statement in module.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is not cst.SimpleStatementLine:
             continue
         for small in statement.body:
-            if not isinstance(small, cst.Import):
+            if type(small) is not cst.Import:
                 continue
             for alias in small.names:
                 name = dotted(alias.name)
                 if alias.asname is None and name and name.split(".")[0] == "torch":
                     return "torch"
-                if name == "torch" and isinstance(alias.asname.name, cst.Name):
+                if name == "torch" and type(alias.asname.name) is cst.Name:
                     return alias.asname.name.value
     return None
 
@@ -122,7 +122,7 @@ def _modern_args(call: cst.Call, name: str, device: str) -> list[cst.Arg] | None
     device_arg = cst.Arg(cst.SimpleString(f'"{device}"'))
     if args:
         spacing = call.whitespace_before_args
-        after = spacing.deep_clone() if isinstance(spacing, cst.ParenthesizedWhitespace) else None
+        after = spacing.deep_clone() if type(spacing) is cst.ParenthesizedWhitespace else None
         comma = cst.Comma(whitespace_after=after or cst.SimpleWhitespace(" "))
         device_arg = device_arg.with_changes(comma=comma)
     return [device_arg, *args]
@@ -152,7 +152,7 @@ class AmpLegacyApi(Rule):
             self.shim_names.update(_bound_names(node))
             return
         module = _legacy_module(node)
-        if module is None or isinstance(node.names, cst.ImportStar):
+        if module is None or type(node.names) is cst.ImportStar:
             return
         device = LEGACY_MODULES.get(module, "")
         names = {}
@@ -172,10 +172,10 @@ class AmpLegacyApi(Rule):
             return
         head = dotted(node.func).split(".")[0]  # type: ignore[union-attr]
         first = node.args[0].value if node.args else None
-        if isinstance(first, cst.SimpleString) and first.evaluated_value in ("cuda", "cpu"):
+        if type(first) is cst.SimpleString and first.evaluated_value in ("cuda", "cpu"):
             return  # already called the `torch.amp` way through a shimmed name
         self.calls.append((node, legacy))
-        if isinstance(node.func, cst.Name):
+        if type(node.func) is cst.Name:
             for group in self.groups:
                 if head in group.locals:
                     group.calls.append(node)
@@ -188,7 +188,7 @@ class AmpLegacyApi(Rule):
             name, device = LEGACY_CALLS[legacy]
             written = dotted(call.func) or name
             called.add(written)
-            if isinstance(call.func, cst.Name):
+            if type(call.func) is cst.Name:
                 fix = group_fixes.get(written)
             else:
                 fix = self._call_fix(call, name, device)
@@ -218,10 +218,10 @@ class AmpLegacyApi(Rule):
     def _modern_func(self, func: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
         """`torch.amp.<name>`, spelt through the script's own `torch` binding."""
         if (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Attribute)
+            type(func) is cst.Attribute
+            and type(func.value) is cst.Attribute
             and func.value.attr.value == "amp"
-            and isinstance(func.value.value, cst.Attribute)
+            and type(func.value.value) is cst.Attribute
             and self.context.qualify(func.value.value.value) == "torch"
         ):
             return func.with_changes(value=func.value.with_changes(value=func.value.value.value))
@@ -257,7 +257,7 @@ class AmpLegacyApi(Rule):
 
     def _group_fix(self, group: ImportGroup, references: _References) -> NodeFix | None:
         module = group.node.module
-        if not group.device or not isinstance(module, cst.Attribute):
+        if not group.device or type(module) is not cst.Attribute:
             return None
         if not all(imported in MODERN for imported in group.locals.values()):
             return None
@@ -294,19 +294,19 @@ class _References:
         self.bindings: Counter[str] = Counter()
         self.other: set[str] = set()
         for parent, child in parents_and_children(module):
-            if isinstance(child, cst.Name) and child.value in names:
+            if type(child) is cst.Name and child.value in names:
                 self._classify(child, parent)
-            elif isinstance(child, (cst.Import, cst.ImportFrom)):
+            elif type(child) in (cst.Import, cst.ImportFrom):
                 self.bindings.update(local for local in _bound_names(child) if local in names)
 
     def _classify(self, name: cst.Name, parent: cst.CSTNode) -> None:
-        if isinstance(parent, (cst.ImportAlias, cst.AsName)):
+        if type(parent) in (cst.ImportAlias, cst.AsName):
             return
-        if isinstance(parent, cst.Attribute) and parent.attr is name:
+        if type(parent) is cst.Attribute and parent.attr is name:
             return
-        if isinstance(parent, cst.Arg) and parent.keyword is name:
+        if type(parent) is cst.Arg and parent.keyword is name:
             return
-        if isinstance(parent, cst.Call) and parent.func is name:
+        if type(parent) is cst.Call and parent.func is name:
             self.calls[name.value].append(name)
             return
         self.other.add(name.value)

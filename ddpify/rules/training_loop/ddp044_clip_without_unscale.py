@@ -49,7 +49,7 @@ def _scaled_backward_receiver(call: cst.Call) -> str | None:
     if method_name(call) != "backward":
         return None
     inner = call.func.value  # type: ignore[attr-defined]
-    if isinstance(inner, cst.Call) and method_name(inner) == "scale":
+    if type(inner) is cst.Call and method_name(inner) == "scale":
         return dotted(inner.func.value)  # type: ignore[attr-defined]
     return None
 
@@ -68,9 +68,7 @@ def _loops(ancestors: tuple[cst.CSTNode, ...]) -> list[int]:
 
 def _branches(ancestors: tuple[cst.CSTNode, ...]) -> set[int]:
     """The `if` branches a node sits in (body or else), by identity."""
-    return {
-        id(child) for parent, child in zip(ancestors, ancestors[1:]) if isinstance(parent, cst.If)
-    }
+    return {id(child) for parent, child in zip(ancestors, ancestors[1:]) if type(parent) is cst.If}
 
 
 class ClipWithoutUnscale(Rule):
@@ -109,9 +107,9 @@ class ClipWithoutUnscale(Rule):
 
     def _classify(self, call: cst.Call) -> tuple[Kind, str | None] | None:
         func = call.func
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             last = func.attr.value
-        elif isinstance(func, cst.Name):
+        elif type(func) is cst.Name:
             last = func.value
         else:
             return None
@@ -120,7 +118,7 @@ class ClipWithoutUnscale(Rule):
             return (Kind.BACKWARD, receiver) if receiver is not None else None
         if last.startswith("clip_grad"):
             return (Kind.CLIP, None) if self.context.qualify(func) in CLIP_FUNCTIONS else None
-        if isinstance(func, cst.Attribute) and last in ("unscale_", "step"):
+        if type(func) is cst.Attribute and last in ("unscale_", "step"):
             kind = Kind.UNSCALE if last == "unscale_" else Kind.STEP
             return kind, dotted(func.value)
         if "unscale" in last.lower():
@@ -226,8 +224,8 @@ def _statement_of(clip: Event) -> cst.SimpleStatementLine | None:
     if len(ancestors) < 3:
         return None
     line, small = ancestors[-3], ancestors[-2]
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+    if type(line) is not cst.SimpleStatementLine or len(line.body) != 1:
         return None
-    if isinstance(small, (cst.Expr, cst.Assign, cst.AnnAssign)) and small.value is clip.call:
+    if type(small) in (cst.Expr, cst.Assign, cst.AnnAssign) and small.value is clip.call:
         return line
     return None

@@ -20,7 +20,6 @@ from ddpify.analysis.names import dotted
 from ddpify.analysis.training import (
     Located,
     collectives_in,
-    ddp_wrappers,
     names_of,
     reduced_names,
     walk_subtree,
@@ -59,7 +58,7 @@ class DivergentControlFlow(LoopRule):
     def leave_Module(self, node: cst.Module) -> None:
         if not self.loops.exits or not self.applies():
             return
-        wrappers = ddp_wrappers(self.context.model)
+        wrappers = self.context.wrappers.wrapped_names()
         reduced: set[str] | None = None
         for exit_ in self.loops.exits:
             found = self._divergence(exit_)
@@ -89,7 +88,7 @@ class DivergentControlFlow(LoopRule):
         if any(single_process_step(parent, child) for parent, child in pairs):
             return None  # `if RANK == -1 and stopper(...): break`: no other rank to wait
         for parent, child in pairs:
-            if not isinstance(parent, cst.If) or child is parent.test:
+            if type(parent) is not cst.If or child is parent.test:
                 continue
             if classify(parent.test) is not None:
                 return RANK, parent.test
@@ -115,12 +114,12 @@ class DivergentControlFlow(LoopRule):
         leaves, in a loop around a `return` or `sys.exit()` (within its function)."""
         model = self.context.model
         ancestors = exit_.ancestors
-        if isinstance(exit_.node, cst.Break):
+        if type(exit_.node) is cst.Break:
             loop = ancestors[_boundary(exit_)]  # type: ignore[index]
             found = collectives_in(model, loop, wrappers)
             return found[0] if found else None
         for node in reversed(ancestors[:-1]):
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
                 return None
             if isinstance(node, _LOOPS):
                 found = collectives_in(model, node, wrappers)
@@ -162,7 +161,7 @@ class DivergentControlFlow(LoopRule):
     def _describe(self, call: cst.Call) -> str:
         """`the backward`, `the forward of `model``, or `dist.barrier(...)`."""
         func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+        if type(func) is cst.Attribute and func.attr.value == "backward":
             return "the backward"
         if self.context.qualify(func) is None:
             shown = self.context.code(func).removesuffix(".forward")
@@ -176,19 +175,19 @@ def _boundary(exit_: Located) -> int | None:
     ancestors = exit_.ancestors
     for index in range(len(ancestors) - 2, -1, -1):
         node = ancestors[index]
-        if isinstance(exit_.node, cst.Break):
+        if type(exit_.node) is cst.Break:
             if isinstance(node, _LOOPS):
                 return index
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            if type(node) in (cst.FunctionDef, cst.ClassDef):
                 return None
-        elif isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            return index if isinstance(node, cst.FunctionDef) else None
-    return None if isinstance(exit_.node, (cst.Break, cst.Return)) else 0
+        elif type(node) in (cst.FunctionDef, cst.Lambda):
+            return index if type(node) is cst.FunctionDef else None
+    return None if type(exit_.node) in (cst.Break, cst.Return) else 0
 
 
 def _value_kind(test: cst.BaseExpression) -> str | None:
     for node in walk_subtree(test):
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             name = dotted(node.func) or ""
             if name.rsplit(".", 1)[-1] in _NAN_CHECKS and any(
                 _LOSS.search(n) for n in names_of(node)
@@ -200,8 +199,8 @@ def _value_kind(test: cst.BaseExpression) -> str | None:
 
 
 def _exit_name(node: cst.CSTNode) -> str:
-    if isinstance(node, cst.Break):
+    if type(node) is cst.Break:
         return "break"
-    if isinstance(node, cst.Return):
+    if type(node) is cst.Return:
         return "return"
     return f"{dotted(node.func)}()"  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from ddpify.analysis.wrappers import Place, WrapperFacts, wrappers_for
+from ddpify.analysis.wrappers import Place, WrapperFacts
 from ddpify.rules.devices._common import DistributedRule
 
 if TYPE_CHECKING:
@@ -15,28 +15,12 @@ if TYPE_CHECKING:
 
 class WrapperRule(DistributedRule):
     """A rule that asks where the DDP wrapper is; it records candidates with their
-    place while visiting and decides in `leave_Module`, when every wrap is known."""
+    place while visiting and decides in `leave_Module`, when every wrap is known. The
+    engine feeds the file's one `WrapperFacts` before any rule sees a node."""
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
-        self.wrappers: WrapperFacts = wrappers_for(context)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.wrappers.visit(node, self.context.ancestors)
-        self.on_call(node)
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        self.wrappers.visit(node, self.context.ancestors)
-        self.on_assign(node)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.wrappers.visit(node, self.context.ancestors)
-
-    def on_call(self, node: cst.Call) -> None:
-        """A call, after the facts recorded it."""
-
-    def on_assign(self, node: cst.Assign) -> None:
-        """An assignment, after the facts recorded it."""
+        self.wrappers: WrapperFacts = context.wrappers
 
     def place(self) -> Place:
         """The node being visited, as a place the facts can compare."""

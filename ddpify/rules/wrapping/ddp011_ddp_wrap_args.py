@@ -85,10 +85,13 @@ class DdpWrapArgs(DistributedRule):
         if callee == DDP:
             self._check_wrap(node)
             return
+        # The enclosing function is looked up once per call, and only when a name is
+        # recorded (most calls move nothing and pass no plain name).
+        function: list[cst.FunctionDef | None] = []
         if method_name(node) in _MOVES:
             receiver = dotted(node.func.value)  # type: ignore[attr-defined]
             if receiver is not None:
-                self._step(receiver, _Event.MOVE)
+                self._step(receiver, _Event.MOVE, function=function)
         keeps_device = callee in _KEEP_DEVICE or (
             type(node.func) is cst.Name and node.func.value in _KEEP_DEVICE
         )
@@ -96,11 +99,24 @@ class DdpWrapArgs(DistributedRule):
             for arg in node.args:
                 name = dotted(arg.value)
                 if name is not None:
-                    self._step(name, _Event.UNKNOWN)
+                    self._step(name, _Event.UNKNOWN, function=function)
 
-    def _step(self, name: str, event: _Event, value: cst.BaseExpression | None = None) -> None:
-        key = (self.enclosing_function(), name)
-        self.history[key].append(_Step(event, self.order, value))
+    def _step(
+        self,
+        name: str,
+        event: _Event,
+        value: cst.BaseExpression | None = None,
+        function: list[cst.FunctionDef | None] | None = None,
+    ) -> None:
+        """Record `event` for `name`; `function`, when given, memoises the enclosing
+        function across the steps of one node (empty until first asked)."""
+        if function is None:
+            enclosing = self.enclosing_function()
+        else:
+            if not function:
+                function.append(self.enclosing_function())
+            enclosing = function[0]
+        self.history[(enclosing, name)].append(_Step(event, self.order, value))
 
     # -- the wrap --------------------------------------------------------------------
 
@@ -108,11 +124,11 @@ class DdpWrapArgs(DistributedRule):
         device_ids = find_arg(call, "device_ids", 1)
         if (
             device_ids is None
-            or isinstance(device_ids.value, cst.Name)
+            or type(device_ids.value) is cst.Name
             and (device_ids.value.value == "None")
         ):
             return
-        if isinstance(device_ids.value, (cst.List, cst.Tuple)) and device_ids.value.elements:
+        if type(device_ids.value) in (cst.List, cst.Tuple) and device_ids.value.elements:
             if len(device_ids.value.elements) == 1:
                 index = device_ids.value.elements[0].value
                 self._check_device_index(index, f"device_ids=[{self.context.code(index)}]")
@@ -126,7 +142,7 @@ class DdpWrapArgs(DistributedRule):
 
     def _check_device_index(self, index: cst.BaseExpression, shown: str) -> None:
         code = self.context.code(index)
-        if isinstance(index, cst.Integer):
+        if type(index) is cst.Integer:
             message = f"`{shown}` uses GPU {code} on every rank; pass the local rank instead"
             self.findings.append(_Finding(index, message, hard_coded=True))
             return
@@ -161,19 +177,19 @@ class DdpWrapArgs(DistributedRule):
     def _keeps_device_of(self, value: cst.BaseExpression | None, name: str) -> bool:
         """`model = nn.SyncBatchNorm.convert_sync_batchnorm(model)` keeps it where it is."""
         return (
-            isinstance(value, cst.Call)
+            type(value) is cst.Call
             and self.context.qualify(value.func) in _KEEP_DEVICE
             and bool(value.args)
             and dotted(value.args[0].value) == name
         )
 
     def _check_constructor(self, value: cst.BaseExpression | None, module: cst.BaseExpression):
-        if not isinstance(value, cst.Call) or find_arg(value, "device") is not None:
+        if type(value) is not cst.Call or find_arg(value, "device") is not None:
             return
-        if isinstance(value.func, cst.Attribute) and method_name(value) in _MOVES:
+        if type(value.func) is cst.Attribute and method_name(value) in _MOVES:
             return
         callee = self.context.qualify(value.func)
-        local_class = value.func.value if isinstance(value.func, cst.Name) else None
+        local_class = value.func.value if type(value.func) is cst.Name else None
         if not (callee and callee.startswith(_CPU_FACTORIES)) and local_class is None:
             return
         shown = self.context.code(module)
@@ -209,4 +225,4 @@ class DdpWrapArgs(DistributedRule):
 def _transforms(value: cst.BaseExpression | None, name: str) -> bool:
     """A call given the model itself (a wrapper, a converter): where its result lives
     depends on the model's device, which this rule has not tracked."""
-    return isinstance(value, cst.Call) and any(dotted(arg.value) == name for arg in value.args)
+    return type(value) is cst.Call and any(dotted(arg.value) == name for arg in value.args)

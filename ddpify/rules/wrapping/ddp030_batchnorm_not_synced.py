@@ -56,7 +56,7 @@ class BatchNormNotSynced(DistributedRule):
 
     def _assigned_to(self, call: cst.Call) -> set[str | None]:
         parent = self.context.ancestors[-2] if len(self.context.ancestors) > 1 else None
-        if isinstance(parent, cst.Assign) and parent.value is call:
+        if type(parent) is cst.Assign and parent.value is call:
             return {dotted(target.target) for target in parent.targets}
         return set()
 

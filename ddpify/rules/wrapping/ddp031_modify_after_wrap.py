@@ -56,7 +56,7 @@ class ModifyAfterWrap(WrapperRule):
 
     # -- collection ----------------------------------------------------------------------
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         method = method_name(node)
         if method is None:
             return
@@ -69,10 +69,10 @@ class ModifyAfterWrap(WrapperRule):
             kind = _Kind.CAST if method in _CASTS else _Kind.MOVE
             self._add(node, kind, frozenset({receiver}))
 
-    def on_assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             expr = target.target
-            if not isinstance(expr, cst.Attribute):
+            if type(expr) is not cst.Attribute:
                 continue
             if expr.attr.value == "requires_grad":
                 roots = self._roots(expr.value)
@@ -164,14 +164,14 @@ class ModifyAfterWrap(WrapperRule):
             if loop is not None and not _is_dotted_name(change.node):
                 return loop
         statement = innermost(ancestors, cst.SimpleStatementLine)
-        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
             return statement
         return None
 
 
 def _is_dotted_name(node: cst.CSTNode) -> bool:
     """A change written on the model itself, not through a loop variable."""
-    if isinstance(node, cst.Call):
+    if type(node) is cst.Call:
         target = node.func.value  # type: ignore[attr-defined]
     else:  # `x.requires_grad = v`
         target = node.targets[0].target.value  # type: ignore[attr-defined]
@@ -180,14 +180,14 @@ def _is_dotted_name(node: cst.CSTNode) -> bool:
 
 def _single_assignment(statement: cst.CSTNode, wrap: Wrap) -> bool:
     """`target = DDP(...)` alone on its line."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
         return False
     small = statement.body[0]
-    return isinstance(small, cst.Assign) and small.value is wrap.call
+    return type(small) is cst.Assign and small.value is wrap.call
 
 
 def _is_move_chain(expr: cst.BaseExpression) -> bool:
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+    while type(expr) is cst.Call and type(expr.func) is cst.Attribute:
         if expr.func.attr.value in _MOVES:
             return True
         expr = expr.func.value
@@ -196,7 +196,7 @@ def _is_move_chain(expr: cst.BaseExpression) -> bool:
 
 def _builds_module(value: cst.BaseExpression, qualify) -> bool:
     """`nn.Linear(...)`, `torch.nn.Identity()`: a new submodule with its own parameters."""
-    if not isinstance(value, cst.Call):
+    if type(value) is not cst.Call:
         return False
     name = qualify(value.func)
     return name is not None and name.startswith("torch.nn.") and name[9:10].isupper()
@@ -204,7 +204,7 @@ def _builds_module(value: cst.BaseExpression, qualify) -> bool:
 
 def _constructed_in_place(value: cst.BaseExpression) -> bool:
     """`Net(...)`, `nn.Linear(...)`: a fresh module, on the CPU unless it moves itself."""
-    if not isinstance(value, cst.Call) or _is_move_chain(value):
+    if type(value) is not cst.Call or _is_move_chain(value):
         return False
     name = dotted(value.func)
     return name is not None and name.rsplit(".", 1)[-1][:1].isupper()

@@ -64,7 +64,7 @@ class WrapperAttributeAccess(WrapperRule):
             return
         self.accesses.append(_Access(node, self.place()))
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         if type(node.func) is cst.Name and node.func.value not in _BUILTINS:
             for index, arg in enumerate(node.args):
                 if not arg.star and dotted(arg.value) is not None:
@@ -75,9 +75,9 @@ class WrapperAttributeAccess(WrapperRule):
             if arg is not None and dotted(arg.value) is not None:
                 self.handed.append((node, arg.value, self.place()))
 
-    def on_assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            if isinstance(target.target, cst.Attribute):
+            if type(target.target) is cst.Attribute:
                 owner = dotted(target.target.value)
                 if owner is not None:
                     self.set_on_wrapper.add((owner, target.target.attr.value))
@@ -97,7 +97,7 @@ class WrapperAttributeAccess(WrapperRule):
         """The wrapper passed to a function of this file that reads an attribute of the
         model the wrapper does not have: `test_mmstar(model, ...)` with
         `def test_mmstar(model, ...): ... model.generate(...)`."""
-        functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+        functions = {s.name.value: s for s in module.body if type(s) is cst.FunctionDef}
         for call, index, arg, place in self.passed:
             function = functions.get(call.func.value)  # type: ignore[attr-defined]
             if function is None or not self._holds_wrapper(arg.value, place):
@@ -125,7 +125,7 @@ class WrapperAttributeAccess(WrapperRule):
         name = dotted(expr)
         binding = self.wrappers.binding_of(name, place) if name else None
         value = binding.value if binding is not None else None
-        return isinstance(value, cst.Call) and self.model.call_returns(value, DDP)
+        return type(value) is cst.Call and self.model.call_returns(value, DDP)
 
     def _check_handed(self, call: cst.Call, model: cst.BaseExpression, place: Place) -> None:
         if self.wrappers.wrap_held(model, place) is None:
@@ -185,7 +185,7 @@ class WrapperAttributeAccess(WrapperRule):
         if binding is None:
             return True
         conditions = conditions_between(binding.place, place)
-        if isinstance(binding.value, cst.IfExp):
+        if type(binding.value) is cst.IfExp:
             conditions.append(binding.value.test)
         condition_names = {n for test in conditions for n in identifiers(test)}
         for test in conditions_between(place, binding.place):
@@ -198,8 +198,8 @@ class WrapperAttributeAccess(WrapperRule):
     def _assigned_to(access: _Access) -> bool:
         """`ddp.x = v` or `del ddp.x`: writing is legal on any object."""
         parent = access.place.ancestors[-2] if len(access.place.ancestors) > 1 else None
-        return isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.Del)) or (
-            isinstance(parent, cst.AnnAssign) and parent.target is access.node
+        return type(parent) in (cst.AssignTarget, cst.AugAssign, cst.Del) or (
+            type(parent) is cst.AnnAssign and parent.target is access.node
         )
 
 
@@ -223,15 +223,15 @@ def _unwrapped_read(function: cst.FunctionDef, param: str) -> cst.Attribute | No
     def enter(node: cst.CSTNode) -> None:
         nonlocal rebinds
         ancestors.append(node)
-        if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and dotted(node.target) == param:
+        if type(node) in (cst.AssignTarget, cst.AugAssign) and dotted(node.target) == param:
             rebinds = True
-        if not (isinstance(node, cst.Attribute) and dotted(node.value) == param):
+        if not (type(node) is cst.Attribute and dotted(node.value) == param):
             return
         attr = node.attr.value
         if attr.startswith("_") or attr in DDP_ATTRIBUTES:
             return
         parent = ancestors[-2] if len(ancestors) > 1 else None
-        if isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.Del)):
+        if type(parent) in (cst.AssignTarget, cst.AugAssign, cst.Del):
             return
         if not _introspected(Place(tuple(ancestors), 0)):
             found.append(node)
@@ -244,9 +244,9 @@ def _introspected(place: Place) -> bool:
     """Under a test that looks at what the object is (`if hasattr(model, "module")`), or
     in a `try` that may be catching the AttributeError."""
     for parent, child in zip(place.ancestors, place.ancestors[1:]):
-        if isinstance(parent, cst.Try) and child is parent.body:
+        if type(parent) is cst.Try and child is parent.body:
             return True
-        if isinstance(parent, (cst.If, cst.IfExp, cst.While)) and _introspects(parent.test):
+        if type(parent) in (cst.If, cst.IfExp, cst.While) and _introspects(parent.test):
             return True
     return False
 
@@ -255,7 +255,7 @@ def _introspects(test: cst.BaseExpression) -> bool:
     stack: list[cst.CSTNode] = [test]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+        if type(node) is cst.Call and type(node.func) is cst.Name:
             if node.func.value in _INTROSPECTION:
                 return True
         stack.extend(children(node))

@@ -30,9 +30,9 @@ _EVAL_FUNCTION = re.compile(r"(eval|valid|test|infer|predict|generate|sample|vis
 def _is_module_forward(func: cst.BaseExpression) -> bool:
     """`x.module.forward`, with a name or attribute chain for `x`."""
     return (
-        isinstance(func, cst.Attribute)
+        type(func) is cst.Attribute
         and func.attr.value == "forward"
-        and isinstance(func.value, cst.Attribute)
+        and type(func.value) is cst.Attribute
         and func.value.attr.value == "module"
         and dotted(func.value.value) is not None
     )
@@ -40,7 +40,7 @@ def _is_module_forward(func: cst.BaseExpression) -> bool:
 
 def _called_model(func: cst.BaseExpression) -> str | None:
     """The model a call runs: `model` for `model(x)` and `model.forward(x)`."""
-    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+    if type(func) is cst.Attribute and func.attr.value == "forward":
         func = func.value
     return dotted(func)
 
@@ -72,11 +72,11 @@ class BypassWrapperForward(WrapperRule):
         self.forwards: list[_Forward] = []
         self.backwards: list[Place] = []
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if method_name(node) == "backward":
             self.backwards.append(self.place())
-        elif isinstance(func, cst.Attribute) and func.attr.value == "module":
+        elif type(func) is cst.Attribute and func.attr.value == "module":
             if dotted(func.value) is not None:
                 self.forwards.append(_Forward(node, self.place(), func.value))
         elif _is_module_forward(func):
@@ -135,16 +135,16 @@ class BypassWrapperForward(WrapperRule):
 
     def _no_grad(self, ancestors) -> bool:
         for node in ancestors:
-            if isinstance(node, cst.With):
+            if type(node) is cst.With:
                 for item in node.items:
                     call = item.item
-                    func = call.func if isinstance(call, cst.Call) else call
+                    func = call.func if type(call) is cst.Call else call
                     if self.context.qualify(func) in NO_GRAD:  # type: ignore[arg-type]
                         return True
-            elif isinstance(node, cst.FunctionDef):
+            elif type(node) is cst.FunctionDef:
                 for decorator in node.decorators:
                     expr = decorator.decorator
-                    func = expr.func if isinstance(expr, cst.Call) else expr
+                    func = expr.func if type(expr) is cst.Call else expr
                     if self.context.qualify(func) in NO_GRAD:
                         return True
         return False

@@ -53,16 +53,16 @@ class UnusedParameters(WrapperRule):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.setdefault(node.name.value, node)
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) == "requires_grad_":
             value = node.args[0].value if node.args else None
             if may_switch_off(value):
                 self._add_freeze(node, node.func.value)  # type: ignore[attr-defined]
 
-    def on_assign(self, node: cst.Assign) -> None:
+    def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             expr = target.target
-            if isinstance(expr, cst.Attribute) and expr.attr.value == "requires_grad":
+            if type(expr) is cst.Attribute and expr.attr.value == "requires_grad":
                 if may_switch_off(node.value):
                     self._add_freeze(node, expr.value)
 
@@ -124,7 +124,7 @@ class UnusedParameters(WrapperRule):
                 return None
             value = binding.value
         call = unwrap_call_chain(value)
-        if call is None or not isinstance(call.func, cst.Name):
+        if call is None or type(call.func) is not cst.Name:
             return None
         cls = self.classes.get(call.func.value)
         if cls is None or not any(self.context.qualify(b.value) == NN_MODULE for b in cls.bases):
@@ -132,7 +132,7 @@ class UnusedParameters(WrapperRule):
         return cls
 
     def _unused_submodules(self, cls: cst.ClassDef) -> list[str]:
-        methods = {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+        methods = {s.name.value: s for s in cls.body.body if type(s) is cst.FunctionDef}
         init = methods.get("__init__")
         if init is None or "forward" not in methods:
             return []  # without its own forward, what the model uses is decided elsewhere
@@ -147,7 +147,7 @@ class UnusedParameters(WrapperRule):
         ]
 
     def _owns_parameters(self, value: cst.BaseExpression) -> bool:
-        if not isinstance(value, cst.Call):
+        if type(value) is not cst.Call:
             return False
         name = self.context.qualify(value.func)
         return (
@@ -173,12 +173,12 @@ def _self_assignments(init: cst.FunctionDef) -> list[tuple[cst.Attribute, cst.Ba
     """`self.x = value` statements directly in `__init__`'s body."""
     found = []
     for statement in init.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is not cst.SimpleStatementLine:
             continue
         for small in statement.body:
-            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            if type(small) is cst.Assign and len(small.targets) == 1:
                 target = small.targets[0].target
-                if isinstance(target, cst.Attribute) and _is_self(target.value):
+                if type(target) is cst.Attribute and _is_self(target.value):
                     found.append((target, small.value))
     return found
 
@@ -191,11 +191,11 @@ def _self_attribute_uses(cls: cst.ClassDef, assigned: set[int]) -> set[str] | No
     stack: list[cst.CSTNode] = [cls]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Attribute) and _is_self(node.value) and id(node) not in assigned:
+        if type(node) is cst.Attribute and _is_self(node.value) and id(node) not in assigned:
             if node.attr.value in _DYNAMIC_ATTRIBUTES:
                 return None
             used.add(node.attr.value)
-        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+        elif type(node) is cst.Call and type(node.func) is cst.Name:
             if (
                 node.func.value in {"getattr", "vars"}
                 and node.args
@@ -207,14 +207,14 @@ def _self_attribute_uses(cls: cst.ClassDef, assigned: set[int]) -> set[str] | No
 
 
 def _is_self(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "self"
+    return type(expr) is cst.Name and expr.value == "self"
 
 
 def _reflects_on_self(node: cst.CSTNode) -> bool:
     """`getattr(self, name)`, `vars(self)`."""
     return (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Name)
+        type(node) is cst.Call
+        and type(node.func) is cst.Name
         and node.func.value in {"getattr", "vars"}
         and bool(node.args)
         and _is_self(node.args[0].value)

@@ -26,7 +26,7 @@ class CompileOrder(WrapperRule):
         # (the compile call, what it compiles, where)
         self.compiles: list[tuple[cst.Call, cst.BaseExpression, Place]] = []
 
-    def on_call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
         if self.wrappers.callee == COMPILE:
             arg = find_arg(node, "model", 0)
             if arg is not None:
@@ -105,9 +105,9 @@ class CompileOrder(WrapperRule):
 def _assignment_line(place: Place, call: cst.Call, name: str) -> cst.CSTNode | None:
     """The line `name = call` holding `place`, if that is all the line does."""
     line = place.statement
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+    if type(line) is not cst.SimpleStatementLine or len(line.body) != 1:
         return None
     small = line.body[0]
-    if not isinstance(small, cst.Assign) or small.value is not call or len(small.targets) != 1:
+    if type(small) is not cst.Assign or small.value is not call or len(small.targets) != 1:
         return None
     return line if dotted(small.targets[0].target) == name else None
