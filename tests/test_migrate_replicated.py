@@ -1,7 +1,8 @@
 """Steps that keep their batch whole (full batch, one example per step, a bptt step that
 carries its state) run whole on every rank: what a user reads in the converted script and
 its report, and that a loop that pulls its batch from an iterator is never called full
-batch. The fixture pairs full_batch_graph, one_example_steps and bptt_carried_state run
+batch. The fixture pairs full_batch_graph, full_batch_passed_in (the whole graph handed to a
+step function), one_example_steps and bptt_carried_state run
 as python and under torchrun in the batched runner (tests/test_migrate_run.py) and are
 verified in tests/test_verify_migrate.py."""
 
@@ -15,6 +16,7 @@ from tests.helpers import FIXTURES
 # case -> (the kind of step, the start of the line the report names to share the work)
 REPLICATED = {
     "full_batch_graph": ("full batch", "output = model(features, adj)"),
+    "full_batch_passed_in": ("full batch", "output = model(*input)"),
     "one_example_steps": ("one example per step", "x, y = Xtr[[step_num]], Ytr[[step_num]]"),
     "bptt_carried_state": ("carried state", "ids = tokens.view(batch_size, -1)"),
 }
@@ -203,3 +205,20 @@ def test_the_advice_to_split_a_full_batch_says_unequal_shares_keep_the_mean():
     result = migrate_case("full_batch_graph")
     advice = next(item.why for item in result.needs_human if item.why.startswith("replicated"))
     assert "`X[RANK::WORLD_SIZE]`" in advice and "does not divide by WORLD_SIZE" in advice
+
+
+def test_a_step_function_handed_a_batch_the_loop_makes_is_not_full_batch():
+    """Noop of full_batch_passed_in: when the loop hands the step function rows it picks
+    each step (`train_iter(..., (features[rows], adj_mat), ...)` with `rows` drawn in the
+    loop), the model's input is not built before the loop, so the step is not replicated
+    as a full batch."""
+    text = (FIXTURES / "migrate" / "full_batch_passed_in" / "before.py").read_text()
+    text = text.replace(
+        "    for epoch in range(args.epochs):\n        train_iter(epoch + 1, gat_net, optimizer, "
+        "criterion, (features, adj_mat),",
+        "    for epoch in range(args.epochs):\n        picked = features * torch.rand(1)\n"
+        "        train_iter(epoch + 1, gat_net, optimizer, criterion, (picked, adj_mat),",
+    )
+    assert "picked = features" in text
+    result = migrate_source(text, "before.py")
+    assert "# ddpify: replicated step" not in (result.output or "")

@@ -99,7 +99,8 @@ def _kept_whole(loop, batches: list[BatchAssignment], models: set[str]) -> Unspl
 def _full_batch(tree, loop, models: set[str]) -> UnsplittableStep | None:
     """Every model call of the step (in the loop, or in a function of the module the loop
     calls) reads only names that neither the loop nor that function binds."""
-    bodies = [loop, *called_bodies(tree, loop)]
+    called = called_bodies(tree, loop)
+    bodies = [loop, *called]
     calls = [call for body in bodies for call in model_calls(body, models)]
     if not calls:
         return None
@@ -107,15 +108,76 @@ def _full_batch(tree, loop, models: set[str]) -> UnsplittableStep | None:
     # `global X` in a function of the module: X may be rebound each step out of sight.
     owner = tree.view.owner(loop) if hasattr(tree.view, "owner") else tree
     bound |= {n.name.value for g in (owner or tree).find(cst.Global) for n in g.names}
+    handed = _handed_in(loop, called)
     read: list[str] = []
     for call in calls:
         for arg in call.args:
             name = dotted(arg.value)
-            if name is None or name.split(".")[0] in bound:
+            if name is None:
                 return None
+            root = name.split(".")[0]
+            if root in bound:
+                # `def train_iter(model, input)` called as `train_iter(gcn, (features, adj))`:
+                # the parameter holds what the loop hands in, whole when the loop binds none
+                # of the names it is made of.
+                passed = handed.get(root)
+                if passed is None or passed & _bound_names(loop):
+                    return None
+                read += sorted(passed)
+                continue
             read.append(name)
     statement = tree.view.statement(calls[0]) or calls[0]
     return UnsplittableStep(loop, FULL_BATCH, statement, ", ".join(dict.fromkeys(read)))
+
+
+def _handed_in(loop, called: list[cst.FunctionDef]) -> dict[str, set[str]]:
+    """For the parameters of the functions `loop` calls that the function itself never
+    rebinds: the names the loop's calls pass for them (`input` -> {features, adj} for
+    `train_iter(epoch, (features, adj))`). A parameter some call leaves to its default,
+    or fills with something other than plain names, is left out."""
+    found: dict[str, set[str]] = {}
+    missing: set[str] = set()
+    for func in called:
+        params = [p.name.value for p in func.params.params]
+        rebound = _bound_names_inside(func)
+        calls = [
+            node
+            for node in body_nodes(loop)
+            if isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and node.func.value == func.name.value
+        ]
+        for call in calls:
+            if any(arg.star or arg.keyword is not None for arg in call.args):
+                missing |= set(params)
+                continue
+            for index, param in enumerate(params):
+                names = _plain_names(call.args[index].value) if index < len(call.args) else None
+                if names is None or param in rebound:
+                    missing.add(param)
+                else:
+                    found.setdefault(param, set()).update(names)
+    return {name: names for name, names in found.items() if name not in missing}
+
+
+def _bound_names_inside(func: cst.FunctionDef) -> set[str]:
+    """Names the function's body binds (its parameters not counted)."""
+    params = {p.name.value for p in _parameters(func.params)}
+    return _bound_names(func.body) - (params - _bound_names(func.body))
+
+
+def _plain_names(expr: cst.BaseExpression) -> set[str] | None:
+    """The names of a name, an attribute chain or a tuple/list of them; None otherwise."""
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        found: set[str] = set()
+        for element in expr.elements:
+            names = _plain_names(element.value)
+            if names is None:
+                return None
+            found |= names
+        return found
+    name = dotted(expr)
+    return {name.split(".")[0]} if name is not None else None
 
 
 def pulled_batch(tree, loop: cst.For | cst.While) -> PulledBatch | None:
