@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ddpify.analysis.batches import carried_state, model_calls
+from ddpify.analysis.lazy_modules import lazy_wrap_points
 from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted
@@ -260,9 +261,9 @@ def _refuse_lazily_built(tree: Tree) -> None:
     data-dependent initialisation): its layers may only exist after that forward, and
     ddpify wraps a model where it is built, before them; DDP made then would leave the
     late layers out of its gradient averaging (or fail on a model with no parameters)."""
-    lazy = lazily_built_models(tree)
+    lazy = [lazy for lazy, point in lazy_wrap_points(tree) if point is None]
     if not lazy:
-        return
+        return  # each is wrapped right before its optimizer (wrap.py)
     first = lazy[0]
     view = tree.view
     optimizer = _first_line(view.code(view.statement(first.optimizer)))
