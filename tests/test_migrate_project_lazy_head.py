@@ -130,6 +130,8 @@ def test_the_migration_of_each_mechanism():
     ) in data
     base = (AFTER / "models" / "base_model.py").read_text()
     assert 'setattr(self, "net" + name, net)' in base and "DataParallel" not in base
+    # gpu_ids were DataParallel's device_ids: their first is this process's GPU now
+    assert "        net.to(LOCAL_RANK)\n" in (AFTER / "models" / "networks.py").read_text()
     # the loop already calls the holder's set_epoch: nothing more in the entry
     train = (AFTER / "train.py").read_text()
     assert train.count("set_epoch(") == 1
