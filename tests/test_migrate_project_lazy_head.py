@@ -147,6 +147,10 @@ def test_the_report_names_the_policy_and_each_change(tmp_path):
     assert "DataParallel over the nets by name removed" in text
     human = [item.why for result in migration.results for item in result.needs_human]
     assert any("`self.netG` runs its forward in different ways" in why for why in human)
+    # the holder's own cap on a pass counts per rank now: said, with what to do
+    (cap,) = [why for why in human if "`SignalDatasetLoader.__iter__` ends a pass" in why]
+    assert "(`if i * self.opt.batch_size >= self.opt.max_dataset_size:`)" in cap
+    assert "divide the cap by WORLD_SIZE" in cap
 
 
 def test_a_holder_without_set_epoch_gets_it_through_its_loader(tmp_path):

@@ -132,3 +132,16 @@ def _returns_self(view, holder: str, method: str) -> bool:
 def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
     return next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+
+
+def early_stop(view, held: HeldLoader) -> cst.If | None:
+    """The test in the holder's `__iter__` that ends the pass early (`if i * batch_size >=
+    max_dataset_size: break`): it counts the batches this process sees."""
+    cls = next((c for c in view.find(cst.ClassDef) if c.name.value == held.holder), None)
+    method = _method(cls, "__iter__") if cls is not None else None
+    if method is None:
+        return None
+    for test in view.within(method, cst.If):
+        if any(isinstance(node, (cst.Break, cst.Return)) for node in view.within(test.body)):
+            return test
+    return None

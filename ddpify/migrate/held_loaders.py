@@ -12,12 +12,12 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.epochs import epoch_loops
-from ddpify.analysis.loader_holders import HeldLoader, held_loader_of
+from ddpify.analysis.loader_holders import HeldLoader, early_stop, held_loader_of
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.roles import training_loops
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
-from ddpify.migrate.analyze import Plan
+from ddpify.migrate.analyze import Plan, _first_line
 from ddpify.migrate.edits import Edits
 
 NAME = "data"
@@ -37,6 +37,16 @@ def reshuffle_held_loaders(tree: Tree, plan: Plan, edits: Edits) -> set[int]:
         if method is not None and tree.owns(method) and id(method) not in done:
             done.add(id(method))
             _set_epoch_in_holder(tree, plan, edits, loader, method)
+        stop = early_stop(view, loader)
+        if stop is not None and tree.owns(stop) and id(stop) not in done:
+            done.add(id(stop))
+            plan.needs_human(
+                f"`{loader.holder}.__iter__` ends a pass after a count of batches "
+                f"(`{_first_line(tree.code(stop))}`): each rank now counts the batches of its "
+                "own shard, so together the ranks take up to WORLD_SIZE times the original's "
+                "share of the data when the cap binds; divide the cap by WORLD_SIZE to keep it",
+                tree.code(tree.statement(loader.call)),
+            )
         if tree.owns(loop):
             _set_epoch_in_epoch_loop(tree, plan, edits, loop, name, loader)
     return {id(loader.call) for _, _, loader in held}
