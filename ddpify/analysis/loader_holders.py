@@ -126,7 +126,7 @@ def _returns_self(view, holder: str, method: str) -> bool:
     if func is None:
         return False
     returns = [r.value for r in view.within(func, cst.Return)]
-    return bool(returns) and all(dotted(value) == "self" for value in returns if value)
+    return bool(returns) and all(value is not None and dotted(value) == "self" for value in returns)
 
 
 def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:

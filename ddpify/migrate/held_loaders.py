@@ -40,16 +40,22 @@ def reshuffle_held_loaders(tree: Tree, plan: Plan, edits: Edits) -> set[int]:
         stop = early_stop(view, loader)
         if stop is not None and tree.owns(stop) and id(stop) not in done:
             done.add(id(stop))
-            plan.needs_human(
-                f"`{loader.holder}.__iter__` ends a pass after a count of batches "
-                f"(`{_first_line(tree.code(stop))}`): each rank now counts the batches of its "
-                "own shard, so together the ranks take up to WORLD_SIZE times the original's "
-                "share of the data when the cap binds; divide the cap by WORLD_SIZE to keep it",
-                tree.code(tree.statement(loader.call)),
-            )
+            _note_early_stop(tree, plan, loader, stop)
         if tree.owns(loop):
             _set_epoch_in_epoch_loop(tree, plan, edits, loop, name, loader)
     return {id(loader.call) for _, _, loader in held}
+
+
+def _note_early_stop(tree: Tree, plan: Plan, loader: HeldLoader, stop: cst.If) -> None:
+    """`if i * batch_size >= max_dataset_size: break` in the holder's `__iter__` counts
+    this process's batches: with the data sharded, the cap now holds per rank."""
+    plan.needs_human(
+        f"`{loader.holder}.__iter__` ends a pass after a count of batches "
+        f"(`{_first_line(tree.code(stop))}`): each rank now counts the batches of its "
+        "own shard, so together the ranks take up to WORLD_SIZE times the original's "
+        "share of the data when the cap binds; divide the cap by WORLD_SIZE to keep it",
+        tree.code(tree.statement(loader.call)),
+    )
 
 
 def _set_epoch_in_holder(
