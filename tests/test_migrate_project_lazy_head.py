@@ -284,3 +284,31 @@ def test_the_analysis_reads_single_files_too():
         "self.loader",
         None,
     )
+
+
+def test_a_net_built_and_trained_under_one_condition_is_wrapped_under_it(tmp_path):
+    """`if self.isTrain:` builds the critic and its optimizer: a test-time run builds
+    neither, so the wrap stays inside that `if` (after it, `self.netD` would not exist)."""
+    work = _copy(tmp_path)
+    model = work / "models" / "contrast_model.py"
+    text = model.read_text()
+    built = "        self.netD = networks.define_D(opt.width, gpu_ids=self.gpu_ids)\n"
+    optimizer = next(line for line in text.splitlines(True) if "self.optimizer_D = " in line)
+    appended = "        self.optimizers.append(self.optimizer_D)\n"
+    for line in (built, optimizer, appended):
+        text = text.replace(line, "")
+    text = text.replace(
+        "        self.optimizers.append(self.optimizer_G)\n",
+        "        self.optimizers.append(self.optimizer_G)\n"
+        "        if self.isTrain:\n"
+        + "".join("    " + line for line in (built, optimizer, appended)),
+    )
+    model.write_text(text)
+    migration, outputs = _migrate(work)
+    assert migration.migrated, migration.entry.reason
+    migrated = outputs[str(Path("models") / "contrast_model.py")]
+    assert (
+        "        if self.isTrain:\n"
+        "            self.netD = networks.define_D(opt.width, gpu_ids=self.gpu_ids)\n"
+        "            self.netD = DDP(self.netD"
+    ) in migrated

@@ -949,11 +949,15 @@ def _binding(tree: Tree, target: str, near: cst.CSTNode) -> cst.BaseStatement | 
         same_scope = [s for s in candidates if cls is not None and tree.inside(s, cls)]
     before = [s for s in same_scope if not tree.after(s, near)]
     chosen = (before or same_scope or candidates)[-1]
-    return _climb_conditionals(tree, chosen)
+    return _climb_conditionals(tree, chosen, near)
 
 
-def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseStatement:
-    """A model built in `if arch == ...: ... else: ...` is wrapped after the whole `if`."""
+def _climb_conditionals(
+    tree: Tree, statement: cst.BaseStatement, near: cst.CSTNode | None = None
+) -> cst.BaseStatement:
+    """A model built in `if arch == ...: ... else: ...` is wrapped after the whole `if`;
+    not after an `if` that holds `near` (its optimizer) too: built and trained under one
+    condition (`if self.isTrain:`), it exists only there, so it is wrapped there."""
     while True:
         owner = tree.parent.get(tree.block(statement))
         while isinstance(owner, (cst.Else, cst.If)) and tree.statement(owner) is not owner:
@@ -962,6 +966,8 @@ def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseSta
             # The __main__ guard and a try/finally (the one that destroys the process
             # group) hold the whole run: the wrap belongs inside them.
             if owner is tree.main_guard() or getattr(owner, "finalbody", None) is not None:
+                return statement
+            if near is not None and tree.owns(near) and tree.inside(near, owner):
                 return statement
             statement = owner
             continue
