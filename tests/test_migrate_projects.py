@@ -417,8 +417,11 @@ def _with_data_dependent_head(work: Path, head: str) -> None:
 
 
 def test_a_net_whose_layers_are_built_by_its_first_forward_is_refused_where_to_wrap(tmp_path):
-    """DDP made where `netF` is built would miss the layers its first forward adds: the
-    refusal names the method, the optimizer line before which to wrap, and the wrap."""
+    """DDP made where `netF` is built would miss the layers its first forward adds; here
+    the DataParallel that `init_net` applies as it builds the net would become that DDP,
+    so the refusal names the method, the optimizer line before which to wrap, and the
+    wrap (without such a DataParallel, ddpify wraps it there itself:
+    tests/test_migrate_project_lazy_head.py)."""
     work = tmp_path / "p"
     shutil.copytree(PROJECTS / "model_registry" / "before", work)
     _with_data_dependent_head(work, _LAZY_HEAD)
@@ -429,6 +432,7 @@ def test_a_net_whose_layers_are_built_by_its_first_forward_is_refused_where_to_w
         "`self.netF` gets its optimizer in `data_dependent_initialize` after a forward "
         "(`self.forward()`)"
     )
+    assert "the DataParallel that wraps it where it is built becomes DDP there" in reason
     assert (
         "just before `self.optimizer_F = torch.optim.Adam(self.netF.parameters(), "
         "lr=self.opt.lr)` (`self.netF = DDP(self.netF, device_ids=[LOCAL_RANK] if "
@@ -455,9 +459,12 @@ def test_an_optimizer_made_after_a_forward_of_a_net_built_whole_still_migrates(t
     assert migration.migrated, migration.entry.reason
 
 
-def test_a_loop_over_a_class_that_hands_out_its_dataloaders_batches_names_that_loader(tmp_path):
+def test_a_loop_over_a_class_that_hands_out_its_dataloaders_batches_shards_that_loader(
+    tmp_path,
+):
     """`dataset = create_dataset(opt)` returning an object whose `__iter__` yields the
-    batches of the DataLoader it holds: the refusal names the class and that DataLoader."""
+    batches of the DataLoader it holds: that DataLoader is sharded where the class builds
+    it, and the epoch loop reshuffles its sampler through the object."""
     (tmp_path / "data.py").write_text(
         "import torch\n\n\n"
         "class LoaderWrapper:\n"
@@ -485,11 +492,13 @@ def test_a_loop_over_a_class_that_hands_out_its_dataloaders_batches_names_that_l
         encoding="utf-8",
     )
     migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
-    assert not migration.migrated
+    assert migration.migrated, migration.entry.reason
+    outputs = {r.filename: r.output for r in migration.results}
     assert (
-        "a DistributedSampler in the DataLoader that `LoaderWrapper` builds "
-        "(`self.dataloader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)`)"
-    ) in migration.entry.reason
+        "self.dataloader = torch.utils.data.DataLoader(ds, batch_size=4, "
+        "sampler=DistributedSampler(ds, shuffle=True))"
+    ) in outputs["data.py"]
+    assert "    dataset.dataloader.sampler.set_epoch(epoch)\n" in outputs["train.py"]
 
 
 def test_the_first_of_a_list_is_this_process_gpu_only_when_the_list_holds_gpu_ids(tmp_path):

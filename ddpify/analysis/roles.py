@@ -764,6 +764,7 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
             still.append(loop)
         elif all(outer.call is not known.call for known in loaders):
             loaders.append(outer)
+    still = _held_by_holders(tree, loaders, still)
     return _loaders_fed_by_next(tree, loaders, still)
 
 
@@ -792,6 +793,22 @@ def _declared_outer(tree, func: cst.FunctionDef, name: str) -> bool:
         name in {n.name.value for n in decl.names}
         for decl in tree.within(func, (cst.Global, cst.Nonlocal))
     )
+
+
+def _held_by_holders(tree, loaders: list[Loader], loops: list) -> list:
+    """`for data in dataset` over an instance of a class that holds a DataLoader and hands
+    out its batches (analysis/loader_holders.py): the held loader trains, under the name
+    its class keeps it by (`self.dataloader`). The loops still unresolved."""
+    from ddpify.analysis.loader_holders import held_loader_of
+
+    still = []
+    for loop in loops:
+        held = held_loader_of(tree, loop)
+        if held is None:
+            still.append(loop)
+        elif all(held[1].call is not known.call for known in loaders):
+            loaders.append(Loader(held[1].call, {held[1].attribute}))
+    return still
 
 
 def _evaluation_results(tree, call: cst.Call, trained: set[str]) -> set[str]:
@@ -1660,12 +1677,18 @@ def loader_holding_classes(tree: Tree) -> list[tuple[str, cst.Call]]:
             target: call
             for call in view.within(cls, cst.Call)
             if view.qualify(call.func) == DATA_LOADER
-            and (target := bound_target(view.owner(call) or tree, call)) is not None
+            and (target := bound_target(_owner_of(view, call) or tree, call)) is not None
             and target.startswith("self.")
         }
         iterates = _iterated_attributes(view, cls)
         found += [(cls.name.value, call) for name, call in loaders.items() if name in iterates]
     return found
+
+
+def _owner_of(view, node: cst.CSTNode) -> Tree | None:
+    """The module of a project view that holds `node`; None for a single tree."""
+    owner = getattr(view, "owner", None)
+    return owner(node) if owner is not None else None
 
 
 def _iterated_attributes(view, cls: cst.ClassDef) -> set[str]:

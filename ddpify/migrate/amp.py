@@ -230,7 +230,18 @@ def _autocast(tree, plan, edits, forward, statement, backward, step) -> None:
         edits.group(forward, snippets.nested_under(template))
     if step not in edits.replacements:  # two backwards before one step: one update
         edits.replace(step, snippets.expression(f"SCALER.step({optimizer})"))
-        edits.after[tree.statement(step)].append(snippets.statement("SCALER.update()"))
+        last = tree.statement(step)
+        for other in _steps_after(tree, step):
+            # `opt_g.step(); opt_f.step()` after one backward: the scaled gradients reach
+            # both, so both step through the scaler, and it updates once, after them.
+            edits.replace(other, snippets.expression(f"SCALER.step({tree.code(other.func.value)})"))
+            last = _block_statement(tree, other, last)
+            plan.change(
+                NAME,
+                "optimizer step through the GradScaler",
+                f"SCALER.step({tree.code(other.func.value)})",
+            )
+        edits.after[last].append(snippets.statement("SCALER.update()"))
     plan.change(
         NAME,
         "autocast around the forward pass and the loss",
@@ -249,6 +260,30 @@ def _autocast(tree, plan, edits, forward, statement, backward, step) -> None:
             plan.change(
                 NAME, "unscale_ before clipping, so the clip sees true gradients", line, "DDP044"
             )
+
+
+def _steps_after(tree: Tree, step: cst.Call) -> list[cst.Call]:
+    """The other optimizers' `step()` calls that follow `step` in its block, before the
+    next backward: they step on the same scaled gradients."""
+    statement = tree.statement(step)
+    block = list(tree.block(statement).body)
+    optimizers = optimizer_names(tree)
+    found = []
+    for stmt in block[block.index(statement) + 1 :]:
+        calls = list(tree.within(stmt, cst.Call))
+        if any(method_name(call) == "backward" for call in calls):
+            break
+        found += [c for c in calls if not c.args and is_optimizer_step(c, optimizers)]
+    return found
+
+
+def _block_statement(tree: Tree, node: cst.CSTNode, default: cst.CSTNode) -> cst.CSTNode:
+    """The statement of `default`'s block that holds `node` (an `if` around a step)."""
+    block = tree.block(default)
+    current = node
+    while current is not None and tree.parent.get(current) is not block:
+        current = tree.parent.get(current)
+    return current if current is not None else default
 
 
 def _fresh_loss_name(tree: Tree, statement: cst.BaseStatement) -> str:

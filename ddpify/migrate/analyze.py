@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ddpify.analysis.batches import carried_state, model_calls
+from ddpify.analysis.lazy_modules import lazy_wrap_points
 from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.model import FRAMEWORKS
 from ddpify.analysis.names import dotted
@@ -222,7 +223,7 @@ def analyze_project(trees: list[Tree], options: Options) -> list[Plan]:
     if shape.converts:
         _refuse_nested_torch_import(entry)
         _refuse_launcher_elsewhere(trees)
-        _refuse_lazily_built(entry)
+        _refuse_lazily_built(entry, shape)
         loaders, _ = train_loaders(entry)
         chosen = {id(c.loop) for c in chosen_training_loaders(entry, options.loader_modules)}
         unresolved = [
@@ -260,24 +261,34 @@ def computed_imports(trees: list[Tree], followed: Collection[str] = ()) -> str:
     )
 
 
-def _refuse_lazily_built(tree: Tree) -> None:
-    """A model whose optimizer is made after a forward, in a method of its own (a
-    data-dependent initialisation): its layers may only exist after that forward, and
-    ddpify wraps a model where it is built, before them; DDP made then would leave the
-    late layers out of its gradient averaging (or fail on a model with no parameters)."""
-    lazy = lazily_built_models(tree)
+def _refuse_lazily_built(tree: Tree, shape: Shape) -> None:
+    """A model whose optimizer is made after a forward that may build its layers (a
+    data-dependent initialisation, a dry run of lazy layers): DDP must wrap it after that
+    forward, and the wrap pass puts it on a line of its own right before the optimizer's
+    statement (analysis/lazy_modules.py). Where that statement leaves no such place (it
+    shares its line with another), or where a DataParallel that becomes DDP wraps the
+    model where it is built (the DataParallel shape: the wrap follows the DataParallel), a
+    wrap there would leave the late layers out of DDP's gradient averaging: refuse, naming
+    the line."""
+    placed = shape is Shape.SINGLE
+    lazy = [lazy for lazy, point in lazy_wrap_points(tree) if point is None or not placed]
     if not lazy:
-        return
+        return  # each is wrapped right before its optimizer (wrap.py)
     first = lazy[0]
     view = tree.view
     optimizer = _first_line(view.code(view.statement(first.optimizer)))
     forward = view.code(first.forward)
+    why = (
+        f"`{optimizer}` shares its line with another statement"
+        if placed
+        else "the DataParallel that wraps it where it is built becomes DDP there"
+    )
     raise NotMigrated(
         Shape.UNKNOWN,
         f"`{first.model}` gets its optimizer in `{first.method}` after a forward "
-        f"(`{forward}`), which may build its layers, and ddpify wraps a model where it is "
-        f"built, before they exist: wrap it in DDP by hand in `{first.method}`, after the "
-        f"forward and just before `{optimizer}` "
+        f"(`{forward}`), which may build its layers, so DDP must wrap it after that forward, "
+        f"just before the optimizer, and {why}: wrap it in DDP by hand in `{first.method}`, "
+        f"after the forward and just before `{optimizer}` "
         f"(`{first.model} = DDP({first.model}, device_ids=[LOCAL_RANK] if "
         "torch.cuda.is_available() else None)`), and keep the code that builds it from "
         "wrapping it in DataParallel",

@@ -45,6 +45,7 @@ from ddpify.migrate.analyze import (
 )
 from ddpify.migrate.args import append_arg, keyword, parenthesize
 from ddpify.migrate.edits import Edits
+from ddpify.migrate.held_loaders import reshuffle_held_loaders
 from ddpify.migrate.loader_classes import shard_loader_classes
 from ddpify.migrate.replicate import project_replicates, replicate
 from ddpify.migrate.streams import shard_streams, stream_of, unsharded_stream_note
@@ -101,7 +102,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
             plan.lr_scaling = "none"  # the global batch is the original's: same LR
         else:
             _batch_and_lr(tree, plan, edits, built_here)
-    sampled = [loader for loader in loaders if id(loader.call) not in streams]
+    # A class that holds the training DataLoader: set_epoch through it.
+    held = reshuffle_held_loaders(tree, plan, edits) if plan.shape.converts else set()
+    sampled = [loader for loader in loaders if id(loader.call) not in streams | held]
     placed = _set_epoch(tree, plan, edits, sampled)
     if plan.shape.converts:
         unplaced = [x for x in sampled if id(x.call) not in placed]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
+from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.reachability import in_imported_main_block
 from ddpify.analysis.roles import DATA_PARALLEL, data_parallel_of_trained
@@ -89,6 +90,19 @@ def _device_id_lists(tree: Tree) -> set[str]:
         name = dotted(ids.value) if ids is not None else None
         if name:
             found.add(name.rsplit(".", 1)[-1])
+    return found | _ids_of_wraps_by_name(tree)
+
+
+def _ids_of_wraps_by_name(tree: Tree) -> set[str]:
+    """The device_ids of a DataParallel over a class's nets by name (`parallelize()`)
+    that holds trained nets: the wrap pass drops it, the nets are DDP."""
+    found = set()
+    for module in getattr(tree.view, "trees", [tree]):
+        for wrap in data_parallel_by_name(module):
+            ids = find_arg(wrap.call, "device_ids", 1)
+            name = dotted(ids.value) if ids is not None else None
+            if name and trained_by_name(module, wrap):
+                found.add(name.rsplit(".", 1)[-1])
     return found
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.batch_norm import may_hold_batch_norm
+from ddpify.analysis.lazy_modules import lazy_wrap_points
+from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
 from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.repeated_forwards import forwards_of_several_shapes
 from ddpify.analysis.roles import (
     class_of,
     data_parallel_subclasses,
@@ -130,6 +133,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         wrapped += _replace_data_parallel(tree, plan, edits)
     elif plan.shape is Shape.SINGLE:
         wrapped += _wrap_model(tree, plan, edits, lists)
+        _drop_data_parallel_by_name(tree, plan, edits)
     for call in tree.calls_to(DDP):
         target = bound_target(tree, call)
         if target:
@@ -564,10 +568,14 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: dict[str, str]) -> 
     # A list of modules is several too, built alike but perhaps configured apart
     # (`Net(batch_normalization=False)` leaves its input BatchNorm unused).
     several = len({name for name, _ in trained}) > 1 or bool(collections)
-    extra = ", find_unused_parameters=True" if several else ""
     wrapped = []
+    lazy = _lazy_wrap_points(tree)
     for target, binding in trained:
         if target in already or any(target == name for name, _ in wrapped):
+            continue
+        extra = _find_unused_for(tree, plan, target, several)
+        if target in lazy and target not in collections:
+            wrapped.append(_wrap_lazily_built(tree, plan, edits, target, lazy[target], extra))
             continue
         place = _last_preparation(tree, target, binding)
         inserted = []
@@ -590,10 +598,84 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: dict[str, str]) -> 
         inserted.append(snippets.statement(f"{target} = {_ddp_call(tree, plan, target, extra)}"))
         edits.after[place].extend(inserted)
         plan.change(NAME, f"wrap {target} in DistributedDataParallel", f"{target} = {plan.ddp}(")
-        if several:
+        if extra:
             _note_find_unused(plan, f"{target} = {plan.ddp}(")
         wrapped.append((target, place))
     return wrapped
+
+
+def _drop_data_parallel_by_name(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """`setattr(self, "net" + name, DataParallel(net, gpu_ids))` over the class's nets
+    (analysis/named_wraps.py): the trained ones are wrapped in DDP where they are built, so
+    this wrapper goes (`net` stays); under DDP each process drives one GPU, and the nets no
+    optimizer trains run as they are."""
+    for wrap in data_parallel_by_name(tree):
+        trained = trained_by_name(tree, wrap)
+        if not trained:
+            continue  # none of the nets it can name is wrapped in DDP: left to the shape
+        edits.replace(wrap.call, snippets.expression(wrap.net))
+        shown = ", ".join(f"`{name}`" for name in trained)
+        plan.change(
+            NAME,
+            f"DataParallel over the nets by name removed: the trained ones ({shown}) are "
+            "wrapped in DistributedDataParallel where they are built, one process per GPU",
+            tree.code(tree.statement(wrap.call)),
+            "DDP070",
+        )
+
+
+def _find_unused_for(tree: Tree, plan: Plan, target: str, several: bool) -> str:
+    """`, find_unused_parameters=True` for a module among several trained ones, unless
+    its forward runs in different ways before one backward (analysis/repeated_forwards.py):
+    DDP would then judge unused parameters by the last forward alone and fail."""
+    if not several:
+        return ""
+    calls = forwards_of_several_shapes(tree.view, target)
+    if not calls:
+        return ", find_unused_parameters=True"
+    shown = ", ".join(f"`{tree.view.code(call)}`" for call in calls[:3])
+    plan.needs_human(
+        f"`{target}` runs its forward in different ways ({shown}), perhaps several times "
+        "into one loss: it is wrapped without find_unused_parameters=True, with which DDP "
+        "judges unused parameters by the last forward alone and fails ('marked ready "
+        "twice'); if a backward leaves some of its parameters without a gradient, DDP "
+        "stops with 'Expected to have finished reduction': give those parameters a zero "
+        "gradient (`0 * p.sum()` in the loss) or use `static_graph=True` (DDP034)",
+        f"{target} = {plan.ddp}(",
+    )
+    return ""
+
+
+def _lazy_wrap_points(tree: Tree) -> dict[str, cst.SimpleStatementLine]:
+    """Models whose first forward builds their layers -> the statement that builds their
+    optimizer, which their wrap goes right before (analysis/lazy_modules.py); analyze
+    refuses those without one."""
+    return {
+        lazy.model: point
+        for lazy, point in lazy_wrap_points(tree)
+        if point is not None and tree.owns(point)
+    }
+
+
+def _wrap_lazily_built(
+    tree: Tree, plan: Plan, edits: Edits, target: str, place: cst.CSTNode, extra: str
+) -> tuple[str, cst.CSTNode]:
+    """Wrap `target` after the forward that builds its layers, just before its optimizer:
+    DDP then registers every layer, and broadcasts rank 0's to the other ranks."""
+    inserted = []
+    if _wants_sync_bn(tree, plan, target):
+        inserted.append(_sync_bn(plan, target, None, ""))
+    inserted.append(snippets.statement(f"{target} = {_ddp_call(tree, plan, target, extra)}"))
+    edits.before[place].extend(inserted)
+    plan.change(
+        NAME,
+        f"wrap {target} in DistributedDataParallel after the forward that builds its layers, "
+        "just before its optimizer (DDP sends rank 0's layers to every rank)",
+        f"{target} = {plan.ddp}(",
+    )
+    if extra:
+        _note_find_unused(plan, f"{target} = {plan.ddp}(")
+    return target, place
 
 
 def _note_find_unused(plan: Plan, anchor: str) -> None:
@@ -867,11 +949,15 @@ def _binding(tree: Tree, target: str, near: cst.CSTNode) -> cst.BaseStatement | 
         same_scope = [s for s in candidates if cls is not None and tree.inside(s, cls)]
     before = [s for s in same_scope if not tree.after(s, near)]
     chosen = (before or same_scope or candidates)[-1]
-    return _climb_conditionals(tree, chosen)
+    return _climb_conditionals(tree, chosen, near)
 
 
-def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseStatement:
-    """A model built in `if arch == ...: ... else: ...` is wrapped after the whole `if`."""
+def _climb_conditionals(
+    tree: Tree, statement: cst.BaseStatement, near: cst.CSTNode | None = None
+) -> cst.BaseStatement:
+    """A model built in `if arch == ...: ... else: ...` is wrapped after the whole `if`;
+    not after an `if` that holds `near` (its optimizer) too: built and trained under one
+    condition (`if self.isTrain:`), it exists only there, so it is wrapped there."""
     while True:
         owner = tree.parent.get(tree.block(statement))
         while isinstance(owner, (cst.Else, cst.If)) and tree.statement(owner) is not owner:
@@ -880,6 +966,8 @@ def _climb_conditionals(tree: Tree, statement: cst.BaseStatement) -> cst.BaseSta
             # The __main__ guard and a try/finally (the one that destroys the process
             # group) hold the whole run: the wrap belongs inside them.
             if owner is tree.main_guard() or getattr(owner, "finalbody", None) is not None:
+                return statement
+            if near is not None and tree.owns(near) and tree.inside(near, owner):
                 return statement
             statement = owner
             continue
