@@ -24,6 +24,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
     torch_imports = [s for s in imports if _module(s).startswith("torch")]
     after = torch_imports[-1] if torch_imports else imports[-1]
     wanted = []
+    if "torch" in plan.needs and tree.alias_for("torch") is None:
+        wanted.append("import torch")  # a module that imported only `from torch import nn`
     if "dist" in plan.needs and tree.alias_for("torch.distributed") is None:
         wanted.append(f"import torch.distributed as {plan.dist}")
     if "ddp" in plan.needs and tree.alias_for(DDP) is None:

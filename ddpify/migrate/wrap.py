@@ -1166,13 +1166,17 @@ def _pin_bundle_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> None:
         for call in data_parallel_feeding_bundles(tree)
         if call.args and not any(a.keyword and a.keyword.value == "device_ids" for a in call.args)
     ]
+    torch = tree.alias_for("torch")
+    if torch is None and calls:
+        plan.needs.add("torch")
+    device_ids = snippets.DEVICE_IDS.replace("torch.", f"{torch or 'torch'}.")
     for call in calls:
         last = call.args[-1].with_changes(
             comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         )
         pinned = cst.Arg(
             keyword=cst.Name("device_ids"),
-            value=snippets.expression(snippets.DEVICE_IDS),
+            value=snippets.expression(device_ids),
             equal=cst.AssignEqual(
                 whitespace_before=cst.SimpleWhitespace(""),
                 whitespace_after=cst.SimpleWhitespace(""),
