@@ -238,6 +238,8 @@ def test_a_plain_bundle_is_wrapped_without_module(tmp_path):
         trainer
     )
     assert "device_ids" not in _output(migration, "nets.py")
+    result = next(r for r in migration.results if r.filename.endswith("trainer.py"))
+    assert any("is a DDP wrapper now" in h.why for h in result.needs_human)
 
 
 def test_a_module_that_imports_os_inside_a_function_gets_it_at_the_top(tmp_path):

@@ -1094,6 +1094,16 @@ def _wrap_received_bundle(
             anchor,
             "DDP070",
         )
+    else:
+        # A DataParallel item was reached through `.module` already, and DDP answers that
+        # too; a plain one read by attribute elsewhere (`nets.generator.mapping`) is not
+        # followed through the aliases and helpers the bundle is handed to.
+        plan.needs_human(
+            f"each trained model of `{collection}` is a DDP wrapper now: code that reads one "
+            f"of their own attributes or methods (anything but the forward call and the "
+            f"nn.Module API) must go through `.module` (DDP032)",
+            anchor,
+        )
     if extra:
         _note_find_unused(plan, anchor)
     return collection, place
