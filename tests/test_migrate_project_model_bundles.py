@@ -264,3 +264,21 @@ def test_a_module_that_imports_os_inside_a_function_gets_it_at_the_top(tmp_path)
     nets = _output(migration, "nets.py")
     assert nets.startswith("import copy\nimport os\n") or "\nimport os\n" in nets.split("def ")[0]
     compile(nets, "nets.py", "exec")
+
+
+def test_a_bundle_is_wrapped_in_a_project_that_also_converts_dataparallel(tmp_path):
+    """A DataParallel of a trained model elsewhere makes the project a DataParallel one;
+    the bundle's models are still wrapped where received (not left training apart)."""
+    root = _project(
+        tmp_path,
+        "        self.head = nn.DataParallel(nn.Linear(2, 2))\n"
+        "        self.optims = {'head': torch.optim.SGD(self.head.parameters(), lr=0.1)}\n"
+        "        for k in self.nets.keys():\n"
+        "            self.optims[k] = torch.optim.Adam(self.nets[k].parameters())",
+    )
+    migration = _migrated(root, tmp_path)
+    assert migration.migrated, migration.entry.reason
+    trainer = _output(migration, "trainer.py")
+    assert "self.head = DDP(nn.Linear(2, 2)" in trainer
+    assert "            self.nets[k] = DDP(self.nets[k].module, " in trainer
+    assert "DDP" not in _output(migration, "nets.py")

@@ -135,6 +135,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _pin_bundle_data_parallel(tree, plan, edits)
     if plan.shape is Shape.DATA_PARALLEL:
         wrapped += _replace_data_parallel(tree, plan, edits)
+        # a bundle's DataParallel calls are left to the wrap where it is received
+        received = _received_bundles(tree)
+        lists.update({bundle.collection: bundle.bundle.container for bundle in received})
+        unused = ", find_unused_parameters=True" if received else ""
+        wrapped += [_wrap_received_bundle(tree, plan, edits, b, unused) for b in received]
     elif plan.shape is Shape.SINGLE:
         wrapped += _wrap_model(tree, plan, edits, lists)
     for call in tree.calls_to(DDP):
