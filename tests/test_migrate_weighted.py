@@ -192,8 +192,8 @@ def test_a_bundle_of_the_same_name_handed_only_to_sampling_keeps_its_loader_whol
 
 
 # Modules built by a helper of another module and kept in an attribute dict, each trained
-# by an optimizer over `self.nets[net]` in a loop over its keys: ddpify cannot tell which
-# modules those are. Converting would shard the data and wrap nothing.
+# by an optimizer over `self.nets[net]` in a loop over its keys: each is wrapped where the
+# Solver receives the dict (tests/test_migrate_project_model_bundles.py has the details).
 UNTRACED_MODEL = """\
 from munch import Munch
 from torch import nn
@@ -246,12 +246,19 @@ if __name__ == "__main__":
 """
 
 
-def test_an_optimizer_over_modules_it_cannot_trace_is_refused_naming_the_wraps():
+def test_modules_a_helper_returns_in_a_dict_trained_by_key_are_wrapped_where_received():
     texts = {"main.py": UNTRACED_MAIN, "solver.py": UNTRACED_SOLVER, "model.py": UNTRACED_MODEL}
     results = migrate_sources(texts)
-    assert not any(result.migrated for result in results)
-    reason = results[0].reason
-    assert "trains the models of `self.nets` by key" in reason
-    assert "`self.nets` comes from `build_model()`" in reason
-    assert "each rank would train its own copy" in reason
-    assert "`nn.DataParallel(nn.Linear(2, 2))` in `build_model` and 1 more" in reason
+    assert all(result.migrated for result in results), results[0].reason
+    solver, model = results[1].output, results[2].output
+    assert (
+        "        for net in self.nets.keys():\n"
+        "            self.nets[net] = DDP(self.nets[net].module, "
+    ) in solver
+    # the helper keeps its DataParallel (one device per process), DDP replaces it for the
+    # trained models only; it imported `from torch import nn` alone, so torch comes in
+    assert "DDP" not in model
+    assert model.count("device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None") == 2
+    assert "\nimport torch\n" in model
+    for result in results:
+        compile(result.output, result.filename, "exec")

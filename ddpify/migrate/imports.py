@@ -24,6 +24,8 @@ def run(tree: Tree, plan: Plan) -> Edits:
     torch_imports = [s for s in imports if _module(s).startswith("torch")]
     after = torch_imports[-1] if torch_imports else imports[-1]
     wanted = []
+    if "torch" in plan.needs and tree.alias_for("torch") is None:
+        wanted.append("import torch")  # a module that imported only `from torch import nn`
     if "dist" in plan.needs and tree.alias_for("torch.distributed") is None:
         wanted.append(f"import torch.distributed as {plan.dist}")
     if "ddp" in plan.needs and tree.alias_for(DDP) is None:
@@ -46,7 +48,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         plan.change(
             NAME, "read RANK, LOCAL_RANK and WORLD_SIZE from the environment", "RANK = int("
         )
-    if "os" in plan.needs and tree.imports.aliases.get("os") != "os":
+    if "os" in plan.needs and not _imports_os_at_top(tree):
         first_torch = torch_imports[0] if torch_imports else None
         stdlib = [s for s in imports if first_torch is None or tree.after(first_torch, s)]
         if stdlib:
@@ -67,6 +69,20 @@ def _top_imports(tree: Tree) -> list[cst.SimpleStatementLine]:
         and len(s.body) == 1
         and isinstance(s.body[0], (cst.Import, cst.ImportFrom))
     ]
+
+
+def _imports_os_at_top(tree: Tree) -> bool:
+    """`import os` among the module's top-level statements: one inside a function (a
+    helper's `import os`) does not bind it for the constants that read the environment."""
+    if tree.imports.aliases.get("os") != "os":
+        return False
+    return any(
+        isinstance(s.body[0], cst.Import)
+        and any(dotted(a.name) == "os" and a.asname is None for a in s.body[0].names)
+        for s in _top_imports(tree)
+    ) or any(
+        isinstance(s, (cst.If, cst.Try)) and "import os" in tree.code(s) for s in tree.module.body
+    )
 
 
 def _module(stmt: cst.SimpleStatementLine) -> str:

@@ -11,6 +11,11 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.batch_norm import may_hold_batch_norm
+from ddpify.analysis.bundles import (
+    TrainedBundle,
+    data_parallel_feeding_bundles,
+    trained_helper_bundles,
+)
 from ddpify.analysis.lazy_modules import lazy_wrap_points
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
 from ddpify.analysis.names import dotted, method_name
@@ -129,8 +134,15 @@ def run(tree: Tree, plan: Plan) -> Edits:
     lists: dict[str, str] = {}
     if plan.shape is Shape.SINGLE:
         _refuse_data_parallel_subclass(tree)
+    if plan.shape in (Shape.SINGLE, Shape.DATA_PARALLEL):
+        _pin_bundle_data_parallel(tree, plan, edits)
     if plan.shape is Shape.DATA_PARALLEL:
         wrapped += _replace_data_parallel(tree, plan, edits)
+        # a bundle's DataParallel calls are left to the wrap where it is received
+        received = _received_bundles(tree)
+        lists.update({bundle.collection: bundle.bundle.container for bundle in received})
+        unused = ", find_unused_parameters=True" if received else ""
+        wrapped += [_wrap_received_bundle(tree, plan, edits, b, unused) for b in received]
     elif plan.shape is Shape.SINGLE:
         wrapped += _wrap_model(tree, plan, edits, lists)
         _drop_data_parallel_by_name(tree, plan, edits)
@@ -286,8 +298,9 @@ def _device_ids_when(tree: Tree, test: cst.BaseExpression, on_cuda: bool, moved:
 
 def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
     wrapped = []
+    pinned = {id(call) for call in data_parallel_feeding_bundles(tree)}
     for call in _data_parallel_calls(tree):
-        if not call.args:
+        if not call.args or id(call) in pinned:
             continue
         outer = _chain_top(tree, call)
         suffix = tree.code(outer)[len(tree.code(call)) :]
@@ -567,8 +580,11 @@ def _wrap_model(tree: Tree, plan: Plan, edits: Edits, lists: dict[str, str]) -> 
     # discriminator's auxiliary heads in the generator step), which DDP must be told.
     # A list of modules is several too, built alike but perhaps configured apart
     # (`Net(batch_normalization=False)` leaves its input BatchNorm unused).
-    several = len({name for name, _ in trained}) > 1 or bool(collections)
-    wrapped = []
+    received = _received_bundles(tree)
+    several = len({name for name, _ in trained}) > 1 or bool(collections) or bool(received)
+    unused = ", find_unused_parameters=True" if several else ""
+    wrapped = [_wrap_received_bundle(tree, plan, edits, bundle, unused) for bundle in received]
+    lists.update({bundle.collection: bundle.bundle.container for bundle in received})
     lazy = _lazy_wrap_points(tree)
     for target, binding in trained:
         if target in already or any(target == name for name, _ in wrapped):
@@ -709,6 +725,8 @@ def _trained_bindings(
                 collection = owner
                 element, containers[owner] = _item_names(tree, owner, optimizer)
             elif owner in keyed_collection_owners(tree.view, optimizer):  # `nets[k]`, by key
+                if _received_bundle(tree, owner, optimizer) is not None:
+                    continue  # wrapped where it is received: _wrap_received_bundles
                 _refuse_items_out_of_reach(tree, owner, optimizer)
                 collection = owner
                 element, containers[owner] = _item_names(tree, owner, optimizer)
@@ -1086,6 +1104,196 @@ def _trains(tree: Tree, stmt: cst.BaseStatement, target: str) -> bool:
             if not name.startswith("torch.optim") and name != "torch.compile":
                 return True
     return False
+
+
+# -- a bundle of models a helper returns --------------------------------------------------
+# `self.nets, self.nets_ema = build_model(args)`, the helper (in any module) returning
+# `Munch(generator=G, ...)`, and `optims[k] = Adam(self.nets[k].parameters())` over its
+# keys. DDP wraps each trained model where the bundle is RECEIVED, not in the helper: the
+# helper also makes the EMA copies (`deepcopy(generator)`), which must stay plain modules
+# (a deep copy of a DDP wrapper is a second DDP with its own reducer, and an EMA model is
+# never trained), and the receiver is where the keys the optimizers train are known.
+
+
+def _received_bundle(tree: Tree, collection: str, optimizer: cst.Call) -> TrainedBundle | None:
+    for bundle in trained_helper_bundles(tree):
+        if bundle.collection == collection and bundle.optimizer is optimizer:
+            return bundle
+    return None
+
+
+def _received_bundles(tree: Tree) -> list[TrainedBundle]:
+    """The trained bundles received in this module, one per collection."""
+    found: dict[str, TrainedBundle] = {}
+    for bundle in trained_helper_bundles(tree):
+        if tree.owns(bundle.receiving) and bundle.collection not in found:
+            found[bundle.collection] = bundle
+    return list(found.values())
+
+
+def _wrap_received_bundle(
+    tree: Tree, plan: Plan, edits: Edits, trained: TrainedBundle, extra: str
+) -> tuple[str, cst.BaseStatement]:
+    """`for k in self.nets.keys(): self.nets[k] = DDP(self.nets[k].module, ...)`, over the
+    keys the optimizers' loop trains (its `if ...: continue` skips copied), after the code
+    that prepares the models; `.module` unwraps the helper's DataParallel (DDP replaces it:
+    not both)."""
+    collection, optimizer, bundle = trained.collection, trained.optimizer, trained.bundle
+    line = _first_line(tree.code(tree.statement(optimizer)))
+    key = _key_of(optimizer, collection) or ""
+    loop = keys_loop(tree.view, optimizer, key, collection)
+    skips = _copyable_skips(tree, loop, optimizer) if loop is not None else None
+    if loop is None or skips is None:
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"`{line}` trains the models of `{collection}` (built by "
+            f"`{bundle.helper.name.value}`) under a condition ddpify cannot repeat where it "
+            "wraps them: wrap each trained model in DistributedDataParallel by name",
+        )
+    parallel = set(bundle.entries) & bundle.data_parallel
+    if parallel and parallel != set(bundle.entries):
+        raise NotMigrated(
+            Shape.UNKNOWN,
+            f"`{bundle.helper.name.value}` wraps only some models of the bundle it returns "
+            f"in DataParallel ({', '.join(sorted(parallel))}); ddpify replaces DataParallel by "
+            "DDP only where every model of the bundle has it: wrap the trained ones in "
+            "DistributedDataParallel by name",
+        )
+    item = f"{collection}[{key}]"
+    inner = f"{item}.module" if parallel else item
+    skipped = "".join(f"    if {tree.code(skip.test)}:\n        continue\n" for skip in skips)
+    code = (
+        f"for {key} in {tree.code(loop.iter)}:\n{skipped}"
+        f"    {item} = {_ddp_call(tree, plan, inner, extra)}\n"
+    )
+    comment = (
+        f"# ddpify: DDP wraps the trained models of `{collection}` (from "
+        f"`{bundle.helper.name.value}`) here, where they are received and prepared"
+    )
+    place = _bundle_wrap_place(tree, collection, trained.receiving)
+    edits.after[place].extend(snippets.statements(code, comment))
+    anchor = f"{item} = {plan.ddp}("
+    helper = bundle.helper.name.value
+    plan.change(
+        NAME,
+        f"wrap each model of {collection} that `{line}` trains in DistributedDataParallel, "
+        f"where `{helper}` returns it to (its other models, EMA copies, stay plain)",
+        anchor,
+    )
+    if parallel:
+        plan.change(
+            NAME,
+            f"DataParallel of the trained models of `{helper}` -> DistributedDataParallel "
+            f"of their `.module` (the checkpoints keep their keys)",
+            anchor,
+            "DDP070",
+        )
+    else:
+        # A DataParallel item was reached through `.module` already, and DDP answers that
+        # too; a plain one read by attribute elsewhere (`nets.generator.mapping`) is not
+        # followed through the aliases and helpers the bundle is handed to.
+        plan.needs_human(
+            f"each trained model of `{collection}` is a DDP wrapper now: code that reads one "
+            f"of their own attributes or methods (anything but the forward call and the "
+            f"nn.Module API) must go through `.module` (DDP032)",
+            anchor,
+        )
+    if extra:
+        _note_find_unused(plan, anchor)
+    return collection, place
+
+
+def _copyable_skips(tree: Tree, loop: cst.CSTNode, optimizer: cst.Call) -> list | None:
+    """The `if <test>: continue` statements of the optimizers' `for` loop before the
+    optimizer, which the wrap loop repeats; None when the loop lets keys through some
+    other way (an `if` around the optimizer, a comprehension's `if` clause)."""
+    if isinstance(loop, cst.CompFor):
+        return None if loop.ifs else []
+    if not isinstance(loop, cst.For) or not isinstance(loop.body, cst.IndentedBlock):
+        return None
+    statement = tree.statement(optimizer)
+    current = tree.parent.get(optimizer)
+    while current is not None and current is not loop:
+        if isinstance(current, cst.If):
+            return None
+        current = tree.parent.get(current)
+    skips = []
+    for stmt in loop.body.body:
+        if stmt is statement or tree.inside(statement, stmt):
+            break
+        if _is_skip(stmt):
+            skips.append(stmt)
+        elif any(True for _ in tree.within(stmt, cst.Continue)):
+            return None
+    return skips
+
+
+def _is_skip(stmt: cst.BaseStatement) -> bool:
+    if not isinstance(stmt, cst.If) or stmt.orelse is not None:
+        return False
+    body = stmt.body.body
+    if isinstance(stmt.body, cst.SimpleStatementSuite):
+        return len(body) == 1 and isinstance(body[0], cst.Continue)
+    return (
+        len(body) == 1
+        and isinstance(body[0], cst.SimpleStatementLine)
+        and len(body[0].body) == 1
+        and isinstance(body[0].body[0], cst.Continue)
+    )
+
+
+def _bundle_wrap_place(
+    tree: Tree, collection: str, receiving: cst.BaseStatement
+) -> cst.BaseStatement:
+    """Received in a constructor: after its last statement, since the constructor goes on
+    preparing the models through the object (`setattr(self, name, net)` makes them its
+    children; `self.to(device)` moves them, `self.apply(init)` initialises them), and DDP
+    must wrap them on their device with the weights it broadcasts from rank 0. Elsewhere:
+    after the last statement that prepares the bundle itself."""
+    function = tree.function(receiving)
+    if function is not None and function.name.value == "__init__":
+        body = function.body.body
+        last = body[-1]
+        if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)):
+            return last
+    return _last_preparation(tree, collection, _climb_conditionals(tree, receiving))
+
+
+def _pin_bundle_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """The helper's DataParallel wraps of a trained bundle's models and their EMA copies
+    stay (the trained ones are unwrapped to DDP where received; code reads `.module` of
+    both, as a checkpoint helper with `data_parallel=True` does) but on this process's
+    one device, where DataParallel only calls its module: the default, every visible GPU,
+    would replicate each forward across the GPUs of the other ranks."""
+    calls = [
+        call
+        for call in data_parallel_feeding_bundles(tree)
+        if call.args and not any(a.keyword and a.keyword.value == "device_ids" for a in call.args)
+    ]
+    torch = tree.alias_for("torch")
+    if torch is None and calls:
+        plan.needs.add("torch")
+    device_ids = snippets.DEVICE_IDS.replace("torch.", f"{torch or 'torch'}.")
+    for call in calls:
+        last = call.args[-1].with_changes(
+            comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        )
+        pinned = cst.Arg(
+            keyword=cst.Name("device_ids"),
+            value=snippets.expression(device_ids),
+            equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""),
+                whitespace_after=cst.SimpleWhitespace(""),
+            ),
+        )
+        edits.replace(call, call.with_changes(args=[*call.args[:-1], last, pinned]))
+    if calls:
+        plan.change(
+            NAME,
+            f"DataParallel of the models a trained bundle holds, and of their copies, kept on "
+            f"this process's device ({len(calls)} call{'s' if len(calls) > 1 else ''})",
+            "device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None",
+        )
 
 
 # -- through .module --------------------------------------------------------------------
