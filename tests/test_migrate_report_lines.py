@@ -81,3 +81,45 @@ def test_a_needs_human_item_is_listed_once_however_often_a_pass_asks():
         ("scale the learning rate", "other = SGD(params)"),
         ("check the sampler", "opt = SGD(params)"),
     ]
+
+
+TWO_NETS_WITH_BATCH_NORM = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)
+netG = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Linear(8, 4)).to(device)
+netD = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)).to(device)
+optimizerD = torch.optim.Adam(netD.parameters(), lr=1e-3)
+optimizerG = torch.optim.Adam(netG.parameters(), lr=1e-3)
+for epoch in range(2):
+    for (real,) in loader:
+        real = real.to(device)
+        fake = netG(torch.randn(real.size(0), 2, device=device))
+        loss_d = netD(real).mean() - netD(fake.detach()).mean()
+        optimizerD.zero_grad()
+        loss_d.backward()
+        optimizerD.step()
+        loss_g = -netD(fake).mean()
+        optimizerG.zero_grad()
+        loss_g.backward()
+        optimizerG.step()
+"""
+
+
+def test_each_models_sync_batch_norm_conversion_points_at_its_own_line():
+    """A GAN with BatchNorm in both nets gets two conversions under the same guard line;
+    each change of the report points at the conversion of the net it names (they traded
+    lines when the guard was the anchor: the discriminator's change is recorded first)."""
+    result = migrate_source(TWO_NETS_WITH_BATCH_NORM, "train.py", Options())
+    assert result.migrated, result.reason
+    lines = result.output.splitlines()
+    conversions = [c for c in result.changes if c.description.startswith("SyncBatchNorm")]
+    assert len(conversions) == 2
+    for change in conversions:
+        net = change.description.split(" of ")[1].split(" ")[0]
+        assert lines[change.line - 1].strip() == (
+            f"{net} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({net})"
+        )

@@ -247,17 +247,21 @@ def _sync_bn(
     plan: Plan, model: str, element: str | None = None, container: str = ""
 ) -> cst.BaseStatement:
     """The conversion of `model`, or of each `element` of the list (or dict) `model`."""
+    if element is not None:
+        each = _each(model, element, "torch.nn.SyncBatchNorm.convert_sync_batchnorm({})", container)
+        statement = SYNC_BN_EACH.format(models=model, each=each)
+    else:
+        statement = SYNC_BN.format(model=model)
+    # The report's line: the conversion itself, which names the model (the guard above it
+    # is the same line for every model, so a GAN's two conversions would trade lines).
     plan.change(
         NAME,
         f"SyncBatchNorm conversion of {'each module of ' if element else ''}{model} before "
         "the wrap (CUDA only)",
-        "if torch.cuda.is_available():  # SyncBatchNorm needs CUDA",
+        statement.splitlines()[1],
         "DDP030",
     )
-    if element is not None:
-        each = _each(model, element, "torch.nn.SyncBatchNorm.convert_sync_batchnorm({})", container)
-        return snippets.statement(SYNC_BN_EACH.format(models=model, each=each))
-    return snippets.statement(SYNC_BN.format(model=model))
+    return snippets.statement(statement)
 
 
 def _each(models: str, element: str, call: str, container: str = "") -> str:
