@@ -657,3 +657,77 @@ def test_a_helpers_local_loader_handed_to_a_training_function_is_sharded(tmp_pat
     assert migration.migrated, migration.entry.reason
     outputs = {result.filename: result.output for result in migration.results}
     assert "sampler=DistributedSampler(dataset, shuffle=True)" in outputs["engine.py"]
+
+
+_MODEL_WITH_UNCALLED_TEST = (
+    "import torch\n"
+    "import torch.nn as nn\n\n\n"
+    "class Net(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = nn.Linear(4, 1)\n\n"
+    "    def forward(self, x):\n"
+    "        return self.fc(x)\n\n\n"
+    "def test():\n"
+    "    net = Net()\n"
+    "    y = net(torch.randn(2, 4))\n"
+    "    print(y.size())\n\n"
+    "# test()\n"
+)
+_TRAIN_WITH_NET = (
+    "import torch\n"
+    "from torch.utils.data import DataLoader, TensorDataset\n\n"
+    "from models import *\n\n\n"
+    "def test(epoch):\n"
+    "    print('testing', epoch)\n\n\n"
+    "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+    "loader = DataLoader(data, batch_size=8, shuffle=True)\n"
+    "net = Net()\n"
+    "optimizer = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+    "for epoch in range(2):\n"
+    "    for x, y in loader:\n"
+    "        optimizer.zero_grad()\n"
+    "        torch.nn.functional.mse_loss(net(x), y).backward()\n"
+    "        optimizer.step()\n"
+    "    test(epoch)\n"
+)
+
+
+def _model_project(tmp_path: Path, train: str) -> dict[str, object]:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("from .net import *\n", encoding="utf-8")
+    (tmp_path / "models" / "net.py").write_text(_MODEL_WITH_UNCALLED_TEST, encoding="utf-8")
+    (tmp_path / "train.py").write_text(train, encoding="utf-8")
+    migration = migrate_project(load_project(tmp_path / "train.py"), "train.py")
+    assert migration.migrated, migration.entry.reason
+    return {result.filename: result for result in migration.results}
+
+
+def test_a_model_files_uncalled_test_function_is_left_as_written(tmp_path):
+    """`def test(): ... print(y.size())` at the end of a model file, its call commented
+    out, never runs: its print gets no rank guard, so the model file stays as written
+    (the script's own `test(epoch)` shadows the star-imported one)."""
+    outputs = _model_project(tmp_path, _TRAIN_WITH_NET)
+    assert not outputs[str(Path("models") / "net.py")].changed
+    assert "if RANK == 0:\n        print('testing', epoch)" in outputs["train.py"].output
+
+
+def test_a_model_files_test_function_the_script_calls_is_guarded(tmp_path):
+    """Noop of the above: the script calls the model file's `test()` (star-imported, no
+    function of its own by that name), so its print runs and gets the rank guard."""
+    train = _TRAIN_WITH_NET.replace(
+        "def test(epoch):\n    print('testing', epoch)\n\n\n", ""
+    ).replace("    test(epoch)\n", "    test()\n")
+    outputs = _model_project(tmp_path, train)
+    net = outputs[str(Path("models") / "net.py")]
+    assert net.changed and "if RANK == 0:\n        print(y.size())" in net.output
+
+
+def test_a_function_a_computed_name_may_reach_counts_as_run(tmp_path):
+    """`getattr(models, name)()` may reach any function of the model file: its print is
+    guarded as before."""
+    train = _TRAIN_WITH_NET.replace(
+        "    test(epoch)\n", "    getattr(__import__('models'), 'te' + 'st')()\n"
+    )
+    outputs = _model_project(tmp_path, train)
+    assert outputs[str(Path("models") / "net.py")].changed

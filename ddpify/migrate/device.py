@@ -12,7 +12,7 @@ import libcst as cst
 from ddpify.analysis.devices import DEVICE_TYPE_CALLS
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.reachability import in_imported_main_block
+from ddpify.analysis.reachability import never_run
 from ddpify.analysis.roles import DATA_PARALLEL, data_parallel_of_trained
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import snippets
@@ -29,7 +29,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if not plan.shape.converts:
         return edits
     for string in tree.find(cst.SimpleString):
-        if in_imported_main_block(tree.view, string):
+        if never_run(tree.view, string):
             continue  # an imported module's demo: the project's run never runs it
         if string.evaluated_value in CUDA_LITERALS and _names_a_device(tree, string):
             quote = string.quote
@@ -38,7 +38,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
                 NAME, f"{string.value} -> this process's GPU", "cuda:{LOCAL_RANK}", "DDP010"
             )
     for call in tree.find(cst.Call, lambda c: method_name(c) == "cuda"):
-        if in_imported_main_block(tree.view, call):
+        if never_run(tree.view, call):
             continue
         if not call.args or _is_zero(call.args[0].value):
             edits.replace(call, call.with_changes(args=[cst.Arg(cst.Name("LOCAL_RANK"))]))

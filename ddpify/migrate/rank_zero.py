@@ -15,7 +15,7 @@ import libcst as cst
 from ddpify.analysis.batches import model_calls
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
-from ddpify.analysis.reachability import in_imported_main_block
+from ddpify.analysis.reachability import never_run
 from ddpify.analysis.roles import calls_forward, calls_training
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
@@ -98,7 +98,7 @@ def _writers(tree: Tree, plan: Plan, edits: Edits, rank: str) -> set[str]:
             names.add(target)
         if rank_zero_scope(tree.ancestors(call)) is not None:
             continue
-        if in_imported_main_block(tree.view, call):
+        if never_run(tree.view, call):
             continue
         new = f"{tree.code(call)} if {rank} == 0 else None"
         edits.replace(call, snippets.expression(new))
@@ -185,7 +185,7 @@ def _writes_file(tree: Tree, expr: cst.BaseExpression) -> bool:
 
 
 def _needs_guard(tree: Tree, plan: Plan, stmt: cst.BaseStatement, rank: str) -> bool:
-    if in_imported_main_block(tree.view, stmt):
+    if never_run(tree.view, stmt):
         return False  # an imported module's demo: the project's run never runs it
     scope = rank_zero_scope(tree.ancestors(stmt))
     if scope is Scope.GLOBAL:
@@ -327,7 +327,7 @@ def _progress_bars(tree: Tree, plan: Plan, edits: Edits, rank: str) -> None:
             continue
         if rank_zero_scope(tree.ancestors(call)) is not None:
             continue
-        if in_imported_main_block(tree.view, call):
+        if never_run(tree.view, call):
             continue
         flag = keyword("disable", snippets.expression(f"{rank} != 0"))
         edits.replace(call, lambda updated, flag=flag: append_arg(updated, flag))
