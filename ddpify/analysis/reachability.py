@@ -65,17 +65,24 @@ def enclosing_top_level_unit(
     return None
 
 
+def _imported_owner(view, node: cst.CSTNode):
+    """The module `node` lies in, when it is one the entry script imports (not the entry
+    itself); None otherwise, and always for a single Tree (its own entry)."""
+    trees = getattr(view, "trees", None)
+    if not trees:
+        return None
+    tree = view.owner(node)
+    return None if tree is None or tree is trees[0] else tree
+
+
 def in_imported_main_block(view, node: cst.CSTNode) -> bool:
     """Whether `node` lies under the `if __name__ == "__main__":` block of a module that
     the entry script imports (a demo at the end of `utils/lr_scheduler.py` that builds a
     resnet and an SGD to plot the schedule): that code never runs in the project's run,
     so its models, optimizers and loops are not the project's. `view`: a Tree (one
     module, its own entry: nothing excluded) or a ProjectView (the entry comes first)."""
-    trees = getattr(view, "trees", None)
-    if not trees:
-        return False
-    tree = view.owner(node)
-    if tree is None or tree is trees[0]:
+    tree = _imported_owner(view, node)
+    if tree is None:
         return False
     guards = tree.__dict__.setdefault("_main_guard", [tree.main_guard()])
     return guards[0] is not None and tree.inside(node, guards[0])
@@ -92,18 +99,15 @@ def in_unnamed_function(view, node: cst.CSTNode) -> bool:
     module (by name, unless that module defines the same name itself, or as an attribute),
     not a string, not a decorator. A `def test(): net = VGG(); print(net(x).size())` kept
     at the end of a model file (its call commented out) never runs in the project's run."""
-    trees = getattr(view, "trees", None)
-    if not trees:
-        return False
-    tree = view.owner(node)
-    if tree is None or tree is trees[0]:
+    tree = _imported_owner(view, node)
+    if tree is None:
         return False
     unit = enclosing_top_level_unit(tree.ancestors(node))
     if not isinstance(unit, cst.FunctionDef):
         return False
     unnamed = view.__dict__.get("_unnamed_functions")
     if unnamed is None:
-        unnamed = view.__dict__["_unnamed_functions"] = _unnamed_functions(trees)
+        unnamed = view.__dict__["_unnamed_functions"] = _unnamed_functions(view.trees)
     return id(unit) in unnamed
 
 
