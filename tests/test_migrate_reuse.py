@@ -91,6 +91,32 @@ def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypat
     assert _answers(third) == _answers(Tree(third_module))
 
 
+def test_a_walk_made_trees_ago_is_copied_and_answers_as_a_fresh_walk(monkeypatch):
+    """The walks a tree copies from are every walk of the run so far, not only the tree
+    just before: a function's statements that the second tree dropped and the third put
+    back in a new function are copied from the first tree's walk."""
+    from ddpify.analysis import tree as tree_module
+
+    copied = []
+    real = tree_module._Segment._copy
+
+    def counting(self, node, *args):
+        copied.append(node)
+        return real(self, node, *args)
+
+    monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    first = Tree(cst.parse_module(SCRIPT))
+    main = next(s for s in first.module.body if isinstance(s, cst.FunctionDef))
+    dropped = first.module.with_changes(body=[s for s in first.module.body if s is not main])
+    second = Tree(dropped, previous=first)
+    assert not copied
+    again = main.with_changes(name=cst.Name("again"))  # the same statements inside
+    third_module = dropped.with_changes(body=[*dropped.body, again])
+    third = Tree(third_module, previous=second)
+    assert {id(n) for n in copied} == {id(n) for n in main.body.body}
+    assert _answers(third) == _answers(Tree(third_module))
+
+
 def test_comments_counted_per_statement_are_the_whole_texts():
     text = (
         "#!/usr/bin/env python\n"

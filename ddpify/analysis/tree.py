@@ -81,6 +81,7 @@ class Tree:
         segment = _Segment.flat(list(parents))
         tree._segment_of = {}
         tree._segments = [segment]
+        tree._walked = _Walked()
         tree.imports = ImportMap()
         for node in segment.of_kind(_IMPORTS):  # type: ignore[arg-type]
             tree.imports.add(node)
@@ -88,7 +89,9 @@ class Tree:
 
     def _collect(self, module: cst.Module, previous: Tree | None) -> None:
         known = previous._segment_of if previous is not None else {}
-        walked = _Walked(previous._segments if previous is not None else [])
+        # Shared with the trees before and after this one (see _Walked).
+        walked = previous._walked if previous is not None else _Walked()
+        self._walked = walked
         self._segment_of: dict[cst.CSTNode, _Segment] = {}
         self._segments: list[_Segment] = []
         parent: dict[cst.CSTNode, cst.CSTNode] = {}
@@ -96,6 +99,7 @@ class Tree:
             segment = known.get(statement) or self._segment_of.get(statement)
             if segment is None:
                 segment = _Segment(statement, walked)
+                walked.add(segment)
             self._segment_of[statement] = segment
             self._segments.append(segment)
             # In walk order, so a node that occurs twice keeps its last parent.
@@ -439,21 +443,26 @@ def _kind_answers(kind: type) -> dict[type, bool]:
 
 
 class _Walked:
-    """The statements the segments of a tree walked, found by object (made on first use:
-    a tree that reuses every segment never asks)."""
+    """Where a statement's walk is, found by object: every segment made for a run's
+    trees, from the first tree on (each tree hands it to the next it is `previous` of).
+    A walk is true of its statement in any tree (nodes are immutable), so any segment
+    that walked it will do, and a tree's build costs the segments it makes, not a scan
+    of the previous tree's. Keyed by `id`: the segments it holds keep their nodes alive,
+    so an id is never reused while it is here, and `find` checks the node is the one."""
 
-    def __init__(self, segments: list[_Segment]) -> None:
-        self._segments = segments
-        self._where: dict[cst.CSTNode, tuple[_Segment, int, int]] | None = None
+    def __init__(self) -> None:
+        self._where: dict[int, tuple[_Segment, int, int]] = {}
+
+    def add(self, segment: _Segment) -> None:
+        where = self._where
+        for node, (start, stop) in segment.spans.items():
+            where.setdefault(id(node), (segment, start, stop))
 
     def find(self, statement: cst.CSTNode) -> tuple[_Segment, int, int] | None:
-        if self._where is None:
-            self._where = {
-                node: (segment, start, stop)
-                for segment in self._segments
-                for node, (start, stop) in segment.spans.items()
-            }
-        return self._where.get(statement)
+        found = self._where.get(id(statement))
+        if found is None or found[0].inner[found[1]] is not statement:
+            return None
+        return found
 
 
 def is_main_test(test: cst.BaseExpression) -> bool:

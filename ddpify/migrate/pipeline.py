@@ -76,9 +76,9 @@ def migrate_sources(
 
 def _migrate_guarded(_joined, texts, options, gates, passes) -> list[MigrationResult]:
     with fewer_collections():
-        return _migrate_sources(
-            texts, options or Options(), gates, PASSES if passes is None else passes, ModuleText()
-        )
+        passes = PASSES if passes is None else passes
+        render = ModuleText(inner=True)  # the statements inside blocks too: see codegen.py
+        return _migrate_sources(texts, options or Options(), gates, passes, render)
 
 
 def _migrate_sources(
