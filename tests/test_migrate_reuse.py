@@ -117,6 +117,49 @@ def test_a_walk_made_trees_ago_is_copied_and_answers_as_a_fresh_walk(monkeypatch
     assert _answers(third) == _answers(Tree(third_module))
 
 
+def test_a_parent_map_edited_from_the_previous_tree_is_the_one_a_fresh_walk_makes(
+    monkeypatch,
+):
+    """A tree's parent map is the previous tree's, less what a pass dropped, plus what
+    it made; with one statement object in three places (a pass inserting one snippet
+    in several, then removing them) it is what a fresh walk makes, in each tree."""
+    edited = []
+    real = Tree._parents_edited
+
+    def spy(self, previous, made):
+        found = real(self, previous, made)
+        edited.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Tree, "_parents_edited", spy)
+    first = Tree(cst.parse_module(SCRIPT))
+    main = next(s for s in first.module.body if isinstance(s, cst.FunctionDef))
+    line = main.body.body[0]
+    twice = main.with_changes(body=main.body.with_changes(body=[line, *main.body.body]))
+    trees = [first]
+    moved = main.body.body[1]
+    without = main.with_changes(body=main.body.with_changes(body=[line, *main.body.body[2:]]))
+    for body in (
+        # `line` twice in main and once at the end of the module
+        [*[twice if s is main else s for s in first.module.body], line],
+        list(first.module.body),  # once again
+        # a line moved out of main to the top, and the last statement dropped
+        [moved, *[without if s is main else s for s in first.module.body[:-1]]],
+    ):
+        module = first.module.with_changes(body=body)
+        reused = Tree(module, previous=trees[-1])
+        fresh = Tree(module)
+        assert reused.parent == fresh.parent
+        assert [reused.parent[n] for n in fresh.nodes[1:]] == [
+            fresh.parent[n] for n in fresh.nodes[1:]
+        ]
+        trees.append(reused)
+    assert [tree._unique for tree in trees] == [True, False, True, True]
+    # The map with a node twice and the one after it (its previous has a node twice) are
+    # made by a fresh walk; the last one is edited.
+    assert edited == [False, False, True]
+
+
 def test_comments_counted_per_statement_are_the_whole_texts():
     text = (
         "#!/usr/bin/env python\n"

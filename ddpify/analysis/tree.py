@@ -82,6 +82,7 @@ class Tree:
         tree._segment_of = {}
         tree._segments = [segment]
         tree._walked = _Walked()
+        tree._unique = False  # never asked: such a tree is never the `previous` of another
         tree.imports = ImportMap()
         for node in segment.of_kind(_IMPORTS):  # type: ignore[arg-type]
             tree.imports.add(node)
@@ -94,20 +95,56 @@ class Tree:
         self._walked = walked
         self._segment_of: dict[cst.CSTNode, _Segment] = {}
         self._segments: list[_Segment] = []
-        parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        made: list[_Segment] = []
         for statement in children(module):
             segment = known.get(statement) or self._segment_of.get(statement)
             if segment is None:
                 segment = _Segment(statement, walked)
                 walked.add(segment)
+                made.append(segment)
             self._segment_of[statement] = segment
             self._segments.append(segment)
-            # In walk order, so a node that occurs twice keeps its last parent.
-            parent[statement] = module
-            parent.update(zip(segment.inner, segment.parents))
             for node in segment.imports:
                 self.imports.add(node)
-        self.parent = parent
+        # Every node below the module, counting one that occurs twice twice.
+        self._size = sum(len(segment.inner) + 1 for segment in self._segments)
+        parent = self._parents_edited(previous, made) if previous is not None else None
+        self.parent = parent if parent is not None else self._parents()
+        # Whether no node occurs twice (the parent map then holds each node once).
+        self._unique = len(self.parent) == self._size
+
+    def _parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
+        parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        module = self.module
+        for segment in self._segments:
+            # In walk order, so a node that occurs twice keeps its last parent.
+            parent[segment.statement] = module
+            parent.update(zip(segment.inner, segment.parents))
+        return parent
+
+    def _parents_edited(
+        self, previous: Tree, made: list[_Segment]
+    ) -> dict[cst.CSTNode, cst.CSTNode] | None:
+        """`_parents()`, made from the previous tree's map: a copy (no node hashed again),
+        less the statements the pass dropped, plus the ones it made. None when a node
+        occurs twice in either tree: its parent then depends on the order of the walk."""
+        if not previous._unique:
+            return None
+        parent = previous.parent.copy()
+        kept = self._segment_of
+        for statement, segment in previous._segment_of.items():
+            if statement not in kept:
+                del parent[statement]
+                for node in segment.inner:
+                    del parent[node]
+        module = self.module
+        for statement in kept:
+            parent[statement] = module
+        for segment in made:
+            parent.update(zip(segment.inner, segment.parents))
+        # With no node twice here, the map holds this tree's nodes, each once, each with
+        # its one parent; a node twice shows as fewer keys than nodes.
+        return parent if len(parent) == self._size else None
 
     @property
     def nodes(self) -> list[cst.CSTNode]:

@@ -24,7 +24,7 @@ from ddpify.gates import (
     check_compiles,
     check_roundtrip,
 )
-from ddpify.gc_tuning import fewer_collections
+from ddpify.gc_tuning import no_collections
 from ddpify.guarded import GaveUp, guarded
 from ddpify.migrate import amp, data, device, entrypoint, imports, rank_zero, shared_dirs, wrap
 from ddpify.migrate.analyze import NotMigrated, Options, Plan, analyze_project
@@ -75,7 +75,7 @@ def migrate_sources(
 
 
 def _migrate_guarded(_joined, texts, options, gates, passes) -> list[MigrationResult]:
-    with fewer_collections():
+    with no_collections():
         passes = PASSES if passes is None else passes
         render = ModuleText(inner=True)  # the statements inside blocks too: see codegen.py
         return _migrate_sources(texts, options or Options(), gates, passes, render)
