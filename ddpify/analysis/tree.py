@@ -58,8 +58,7 @@ class Tree:
         self._parent_ids: list[int] | None = None
         self._call_names: list[tuple[cst.Call, str | None, str | None]] | None = None
         self.imports = ImportMap()
-        # What the roles analysis searches: this tree, or every module of its project.
-        self.view: Tree | ProjectView = self
+        self._view: ProjectView | None = None
         self._collect(module, previous)
 
     @classmethod
@@ -76,7 +75,7 @@ class Tree:
         tree._nodes = None
         tree._parent_ids = None
         tree._call_names = None
-        tree.view = tree
+        tree._view = None
         tree.parent = parents  # read only, like the engine's own use of it
         segment = _Segment.flat(list(parents))
         tree._segment_of = {}
@@ -145,6 +144,17 @@ class Tree:
         # With no node twice here, the map holds this tree's nodes, each once, each with
         # its one parent; a node twice shows as fewer keys than nodes.
         return parent if len(parent) == self._size else None
+
+    @property
+    def view(self) -> Tree | ProjectView:
+        """What the roles analysis searches: this tree, or every module of its project.
+        (Not kept as a reference to itself: a tree with no project would be a cycle,
+        freed only by the cyclic collector, which migrate turns off.)"""
+        return self if self._view is None else self._view
+
+    @view.setter
+    def view(self, view: Tree | ProjectView) -> None:
+        self._view = None if view is self else view  # type: ignore[assignment]
 
     @property
     def nodes(self) -> list[cst.CSTNode]:
