@@ -35,9 +35,9 @@ def no_collections() -> Iterator[None]:
     For one migration: each young collection traverses every young container, and a
     run makes containers of a whole tree's size (node lists, parent maps) again and
     again, so with the collector on its cost grew faster than the file (1.4 s of 20 on
-    30k lines, 7.7 of 73 on 100k). Garbage cycles made in the run (a Tree refers to
-    itself as its own view) wait until it ends, no longer than they would in the old
-    generation they reach within a pass anyway."""
+    30k lines, 7.7 of 73 on 100k). Garbage cycles made in the run (a project's trees
+    and the ProjectView they share) wait until it ends, no longer than they would in
+    the old generation they reach within a pass anyway."""
     enabled = gc.isenabled()
     gc.disable()
     try:
