@@ -9,6 +9,7 @@ costs what the pass changed, not the file (libcst's `Module.code` renders every 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
@@ -24,9 +25,12 @@ class ModuleText:
     Holds the statements it rendered (their identity is the key), so keep one per run,
     not for the life of the process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, inner: bool = False) -> None:
         self._seen: dict[int, tuple[cst.CSTNode, tuple[str, str], str]] = {}
         self._comments: dict[int, tuple[cst.CSTNode, str, Counter[str]]] = {}
+        # `inner`: remember the statements inside blocks too (see StatementCodes); for a
+        # run that renders each module a few times (migrate), not for a long session.
+        self._inner: StatementCodes | None = StatementCodes() if inner else None
 
     def code(self, module: cst.Module) -> str:
         if not module.has_trailing_newline or not (module.header or module.body or module.footer):
@@ -98,7 +102,10 @@ class ModuleText:
             return seen[2]
         # A top-level node renders at indentation zero: its code does not depend on what
         # comes before it, only on the module's indentation and newline.
-        code = node_code(node, *style)
+        if self._inner is None:
+            code = node_code(node, *style)
+        else:
+            code = self._inner.code(node, *style)
         self._seen[id(node)] = (node, style, code)
         return code
 
@@ -121,3 +128,103 @@ def node_code(node: cst.CSTNode, indent: str, newline: str, indents: Sequence[st
     state.indent_tokens = list(indents)
     node._codegen(state)
     return "".join(state.tokens)
+
+
+class StatementCodes:
+    """Renders nodes like `node_code`, reusing the code of every statement inside a block
+    that it rendered before in the same context.
+
+    A pass rebuilds a function to change one statement in it; the other statements of
+    its body are the objects they were. A statement's code depends on nothing but the
+    statement, the module's indentation and newline, and the indentation of the blocks
+    around it (a statement renders its own leading lines, indentation and line end), so
+    the code of one already rendered with all three the same is its code again. Holds
+    the statements it rendered (an id is never reused while the object lives)."""
+
+    def __init__(self) -> None:
+        self._codes: dict[int, tuple[cst.CSTNode, tuple[str, ...], str]] = {}
+
+    def code(self, node: cst.CSTNode, indent: str, newline: str) -> str:
+        """`node_code(node, indent, newline)` for a node at the module's top level."""
+        state = _CachingCodegen(default_indent=indent, default_newline=newline)
+        state.codes = self._codes
+        if isinstance(node, cst.BaseStatement):
+            state.statement(node)
+        else:
+            node._codegen(state)
+        return "".join(state.tokens)
+
+
+class _CachingCodegen(_Codegen):
+    codes: dict[int, tuple[cst.CSTNode, tuple[str, ...], str]]
+
+    def statement(self, node: cst.BaseStatement) -> None:
+        """Add a statement of a block (or of the module) as `node._codegen` adds it."""
+        context = (self.default_indent, self.default_newline, *self.indent_tokens)
+        known = self.codes.get(id(node))
+        if known is not None and known[0] is node and known[1] == context:
+            self.tokens.append(known[2])
+            return
+        tokens = self.tokens
+        start = len(tokens)
+        _through_codes(node)._codegen(self)
+        code = "".join(tokens[start:])
+        tokens[start:] = [code]  # one token: the blocks around it join it, not its parts
+        self.codes[id(node)] = (node, context, code)
+
+
+class _CachingBlock(cst.IndentedBlock):
+    """An IndentedBlock that adds its statements through `_CachingCodegen.statement`;
+    otherwise `IndentedBlock._codegen_impl` (without the positions it records)."""
+
+    def _codegen_impl(self, state: _CachingCodegen) -> None:  # type: ignore[override]
+        self.header._codegen(state)
+        state.increase_indent(state.default_indent if self.indent is None else self.indent)
+        if self.body:
+            for statement in self.body:
+                state.statement(statement)
+        else:
+            state.add_indent_tokens()
+            state.add_token("pass")
+            state.add_token(state.default_newline)
+        for line in self.footer:
+            line._codegen(state)
+        state.decrease_indent()
+
+
+# Parts of a compound statement that hold a block but are no statement of one (an `elif`
+# is an If, rendered by the If above it: it is looked into, never cached as a statement).
+_CLAUSES = frozenset(
+    {cst.Else, cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler, cst.If, cst.MatchCase}
+)
+# By exact type: isinstance on libcst's ABC-based classes is a slow check.
+_WITH_BLOCKS = _CLAUSES | {
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.For,
+    cst.While,
+    cst.With,
+    cst.Try,
+    cst.TryStar,
+    cst.Match,
+}
+
+
+def _through_codes(node: cst.CSTNode) -> cst.CSTNode:
+    """`node` with each block of it (its body, else, except and finally clauses, match
+    cases) a `_CachingBlock` holding the same statements: the same code, rendered
+    through the codes. A simple statement line holds no block: itself."""
+    if type(node) not in _WITH_BLOCKS:
+        return node
+    changes = {}
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if type(value) is cst.IndentedBlock:
+            changes[field.name] = _CachingBlock(
+                header=value.header, indent=value.indent, body=value.body, footer=value.footer
+            )
+        elif type(value) in _CLAUSES:
+            changes[field.name] = _through_codes(value)
+        elif type(value) in (tuple, list) and value and type(value[0]) in _CLAUSES:
+            changes[field.name] = [_through_codes(part) for part in value]
+    return node.with_changes(**changes) if changes else node

@@ -91,6 +91,75 @@ def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypat
     assert _answers(third) == _answers(Tree(third_module))
 
 
+def test_a_walk_made_trees_ago_is_copied_and_answers_as_a_fresh_walk(monkeypatch):
+    """The walks a tree copies from are every walk of the run so far, not only the tree
+    just before: a function's statements that the second tree dropped and the third put
+    back in a new function are copied from the first tree's walk."""
+    from ddpify.analysis import tree as tree_module
+
+    copied = []
+    real = tree_module._Segment._copy
+
+    def counting(self, node, *args):
+        copied.append(node)
+        return real(self, node, *args)
+
+    monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    first = Tree(cst.parse_module(SCRIPT))
+    main = next(s for s in first.module.body if isinstance(s, cst.FunctionDef))
+    dropped = first.module.with_changes(body=[s for s in first.module.body if s is not main])
+    second = Tree(dropped, previous=first)
+    assert not copied
+    again = main.with_changes(name=cst.Name("again"))  # the same statements inside
+    third_module = dropped.with_changes(body=[*dropped.body, again])
+    third = Tree(third_module, previous=second)
+    assert {id(n) for n in copied} == {id(n) for n in main.body.body}
+    assert _answers(third) == _answers(Tree(third_module))
+
+
+def test_a_parent_map_edited_from_the_previous_tree_is_the_one_a_fresh_walk_makes(
+    monkeypatch,
+):
+    """A tree's parent map is the previous tree's, less what a pass dropped, plus what
+    it made; with one statement object in three places (a pass inserting one snippet
+    in several, then removing them) it is what a fresh walk makes, in each tree."""
+    edited = []
+    real = Tree._parents_edited
+
+    def spy(self, previous, made):
+        found = real(self, previous, made)
+        edited.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Tree, "_parents_edited", spy)
+    first = Tree(cst.parse_module(SCRIPT))
+    main = next(s for s in first.module.body if isinstance(s, cst.FunctionDef))
+    line = main.body.body[0]
+    twice = main.with_changes(body=main.body.with_changes(body=[line, *main.body.body]))
+    trees = [first]
+    moved = main.body.body[1]
+    without = main.with_changes(body=main.body.with_changes(body=[line, *main.body.body[2:]]))
+    for body in (
+        # `line` twice in main and once at the end of the module
+        [*[twice if s is main else s for s in first.module.body], line],
+        list(first.module.body),  # once again
+        # a line moved out of main to the top, and the last statement dropped
+        [moved, *[without if s is main else s for s in first.module.body[:-1]]],
+    ):
+        module = first.module.with_changes(body=body)
+        reused = Tree(module, previous=trees[-1])
+        fresh = Tree(module)
+        assert reused.parent == fresh.parent
+        assert [reused.parent[n] for n in fresh.nodes[1:]] == [
+            fresh.parent[n] for n in fresh.nodes[1:]
+        ]
+        trees.append(reused)
+    assert [tree._unique for tree in trees] == [True, False, True, True]
+    # The map with a node twice and the one after it (its previous has a node twice) are
+    # made by a fresh walk; the last one is edited.
+    assert edited == [False, False, True]
+
+
 def test_comments_counted_per_statement_are_the_whole_texts():
     text = (
         "#!/usr/bin/env python\n"

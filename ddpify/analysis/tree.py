@@ -58,8 +58,7 @@ class Tree:
         self._parent_ids: list[int] | None = None
         self._call_names: list[tuple[cst.Call, str | None, str | None]] | None = None
         self.imports = ImportMap()
-        # What the roles analysis searches: this tree, or every module of its project.
-        self.view: Tree | ProjectView = self
+        self._view: ProjectView | None = None
         self._collect(module, previous)
 
     @classmethod
@@ -76,11 +75,13 @@ class Tree:
         tree._nodes = None
         tree._parent_ids = None
         tree._call_names = None
-        tree.view = tree
+        tree._view = None
         tree.parent = parents  # read only, like the engine's own use of it
         segment = _Segment.flat(list(parents))
         tree._segment_of = {}
         tree._segments = [segment]
+        tree._walked = _Walked()
+        tree._unique = False  # never asked: such a tree is never the `previous` of another
         tree.imports = ImportMap()
         for node in segment.of_kind(_IMPORTS):  # type: ignore[arg-type]
             tree.imports.add(node)
@@ -88,22 +89,72 @@ class Tree:
 
     def _collect(self, module: cst.Module, previous: Tree | None) -> None:
         known = previous._segment_of if previous is not None else {}
-        walked = _Walked(previous._segments if previous is not None else [])
+        # Shared with the trees before and after this one (see _Walked).
+        walked = previous._walked if previous is not None else _Walked()
+        self._walked = walked
         self._segment_of: dict[cst.CSTNode, _Segment] = {}
         self._segments: list[_Segment] = []
-        parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        made: list[_Segment] = []
         for statement in children(module):
             segment = known.get(statement) or self._segment_of.get(statement)
             if segment is None:
                 segment = _Segment(statement, walked)
+                walked.add(segment)
+                made.append(segment)
             self._segment_of[statement] = segment
             self._segments.append(segment)
-            # In walk order, so a node that occurs twice keeps its last parent.
-            parent[statement] = module
-            parent.update(zip(segment.inner, segment.parents))
             for node in segment.imports:
                 self.imports.add(node)
-        self.parent = parent
+        # Every node below the module, counting one that occurs twice twice.
+        self._size = sum(len(segment.inner) + 1 for segment in self._segments)
+        parent = self._parents_edited(previous, made) if previous is not None else None
+        self.parent = parent if parent is not None else self._parents()
+        # Whether no node occurs twice (the parent map then holds each node once).
+        self._unique = len(self.parent) == self._size
+
+    def _parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
+        parent: dict[cst.CSTNode, cst.CSTNode] = {}
+        module = self.module
+        for segment in self._segments:
+            # In walk order, so a node that occurs twice keeps its last parent.
+            parent[segment.statement] = module
+            parent.update(zip(segment.inner, segment.parents))
+        return parent
+
+    def _parents_edited(
+        self, previous: Tree, made: list[_Segment]
+    ) -> dict[cst.CSTNode, cst.CSTNode] | None:
+        """`_parents()`, made from the previous tree's map: a copy (no node hashed again),
+        less the statements the pass dropped, plus the ones it made. None when a node
+        occurs twice in either tree: its parent then depends on the order of the walk."""
+        if not previous._unique:
+            return None
+        parent = previous.parent.copy()
+        kept = self._segment_of
+        for statement, segment in previous._segment_of.items():
+            if statement not in kept:
+                del parent[statement]
+                for node in segment.inner:
+                    del parent[node]
+        module = self.module
+        for statement in kept:
+            parent[statement] = module
+        for segment in made:
+            parent.update(zip(segment.inner, segment.parents))
+        # With no node twice here, the map holds this tree's nodes, each once, each with
+        # its one parent; a node twice shows as fewer keys than nodes.
+        return parent if len(parent) == self._size else None
+
+    @property
+    def view(self) -> Tree | ProjectView:
+        """What the roles analysis searches: this tree, or every module of its project.
+        (Not kept as a reference to itself: a tree with no project would be a cycle,
+        freed only by the cyclic collector, which migrate turns off.)"""
+        return self if self._view is None else self._view
+
+    @view.setter
+    def view(self, view: Tree | ProjectView) -> None:
+        self._view = None if view is self else view  # type: ignore[assignment]
 
     @property
     def nodes(self) -> list[cst.CSTNode]:
@@ -439,21 +490,26 @@ def _kind_answers(kind: type) -> dict[type, bool]:
 
 
 class _Walked:
-    """The statements the segments of a tree walked, found by object (made on first use:
-    a tree that reuses every segment never asks)."""
+    """Where a statement's walk is, found by object: every segment made for a run's
+    trees, from the first tree on (each tree hands it to the next it is `previous` of).
+    A walk is true of its statement in any tree (nodes are immutable), so any segment
+    that walked it will do, and a tree's build costs the segments it makes, not a scan
+    of the previous tree's. Keyed by `id`: the segments it holds keep their nodes alive,
+    so an id is never reused while it is here, and `find` checks the node is the one."""
 
-    def __init__(self, segments: list[_Segment]) -> None:
-        self._segments = segments
-        self._where: dict[cst.CSTNode, tuple[_Segment, int, int]] | None = None
+    def __init__(self) -> None:
+        self._where: dict[int, tuple[_Segment, int, int]] = {}
+
+    def add(self, segment: _Segment) -> None:
+        where = self._where
+        for node, (start, stop) in segment.spans.items():
+            where.setdefault(id(node), (segment, start, stop))
 
     def find(self, statement: cst.CSTNode) -> tuple[_Segment, int, int] | None:
-        if self._where is None:
-            self._where = {
-                node: (segment, start, stop)
-                for segment in self._segments
-                for node, (start, stop) in segment.spans.items()
-            }
-        return self._where.get(statement)
+        found = self._where.get(id(statement))
+        if found is None or found[0].inner[found[1]] is not statement:
+            return None
+        return found
 
 
 def is_main_test(test: cst.BaseExpression) -> bool:

@@ -24,7 +24,7 @@ from ddpify.gates import (
     check_compiles,
     check_roundtrip,
 )
-from ddpify.gc_tuning import fewer_collections
+from ddpify.gc_tuning import no_collections
 from ddpify.guarded import GaveUp, guarded
 from ddpify.migrate import (
     amp,
@@ -87,10 +87,10 @@ def migrate_sources(
 
 
 def _migrate_guarded(_joined, texts, options, gates, passes) -> list[MigrationResult]:
-    with fewer_collections():
-        return _migrate_sources(
-            texts, options or Options(), gates, PASSES if passes is None else passes, ModuleText()
-        )
+    with no_collections():
+        passes = PASSES if passes is None else passes
+        render = ModuleText(inner=True)  # the statements inside blocks too: see codegen.py
+        return _migrate_sources(texts, options or Options(), gates, passes, render)
 
 
 def _migrate_sources(
