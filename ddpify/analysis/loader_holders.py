@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.names import dotted
+from ddpify.analysis.values import only_value_in_function
 
 
 @dataclass(frozen=True)
@@ -109,15 +110,7 @@ def _value_of(view, near: cst.CSTNode, expr: cst.BaseExpression) -> cst.BaseExpr
     """`expr`, or the one value a plain name is bound to in the function around `near`."""
     if not isinstance(expr, cst.Name):
         return expr
-    func = view.function(near)
-    if func is None:
-        return None
-    values = [
-        assign.value
-        for assign in view.within(func, cst.Assign)
-        if any(dotted(target.target) == expr.value for target in assign.targets)
-    ]
-    return values[0] if len(values) == 1 else None
+    return only_value_in_function(view, near, expr.value)
 
 
 def _returns_self(view, holder: str, method: str) -> bool:

@@ -17,6 +17,7 @@ import libcst as cst
 
 from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import DATA_PARALLEL, trained_model_names
+from ddpify.analysis.values import only_value_in_function
 
 
 @dataclass(frozen=True)
@@ -68,17 +69,9 @@ def _setattr_around(tree, call: cst.Call) -> cst.Call | None:
 
 def _got_by_name(tree, call: cst.Call, net: str, attribute: str) -> bool:
     """`net = getattr(self, <attribute>)`, the one binding of `net` in the function."""
-    func = tree.function(call)
-    if func is None:
+    getter = only_value_in_function(tree, call, net)
+    if not isinstance(getter, cst.Call):
         return False
-    values = [
-        assign.value
-        for assign in tree.within(func, cst.Assign)
-        if any(dotted(target.target) == net for target in assign.targets)
-    ]
-    if len(values) != 1 or not isinstance(values[0], cst.Call):
-        return False
-    getter = values[0]
     return (
         dotted(getter.func) == "getattr"
         and len(getter.args) == 2

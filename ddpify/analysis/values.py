@@ -204,3 +204,18 @@ def _environ_key(expr: cst.BaseExpression, imports: ImportMap) -> str | None:
             key = expr.args[0].value
     value = key.evaluated_value if isinstance(key, cst.SimpleString) else None
     return value if isinstance(value, str) else None
+
+
+def only_value_in_function(tree, near: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """The value `name` is bound to by the one plain assignment of it in the function
+    around `near` (`net = getattr(self, "net" + name)`); None when there is no function,
+    or no such assignment, or several."""
+    func = tree.function(near)
+    if func is None:
+        return None
+    values = [
+        assign.value
+        for assign in tree.within(func, cst.Assign)
+        if any(dotted(target.target) == name for target in assign.targets)
+    ]
+    return values[0] if len(values) == 1 else None
