@@ -117,21 +117,43 @@ EXACTLY_TESTED = (
 )
 
 
+def _render_only_subclasses() -> set[type]:
+    """Subclasses that exist only inside one render call and are never part of a tree
+    the analysis reads: migrate's codegen hands `_CachingBlock` (an IndentedBlock that
+    reuses kept statements' code) to libcst's code generator and drops it after."""
+    from ddpify.codegen import _CachingBlock
+
+    return {_CachingBlock}
+
+
 def test_classes_tested_by_exact_type_have_no_subclasses():
-    assert {cls.__name__: cls.__subclasses__() for cls in EXACTLY_TESTED} == {
-        cls.__name__: [] for cls in EXACTLY_TESTED
+    allowed = _render_only_subclasses()
+    found = {
+        cls.__name__: [sub for sub in cls.__subclasses__() if sub not in allowed]
+        for cls in EXACTLY_TESTED
     }
+    assert found == {cls.__name__: [] for cls in EXACTLY_TESTED}
 
 
-def test_is_kind_answers_as_isinstance():
-    from ddpify.walk import is_kind, walk
+def test_migrated_trees_hold_no_render_only_block(monkeypatch):
+    """The render-only block never reaches a tree: every Tree migrate builds while it
+    converts a fixture (its passes', its gates') holds only libcst's own IndentedBlock."""
+    from ddpify.analysis import tree as tree_module
+    from ddpify.migrate import migrate_source
+    from ddpify.walk import subtree
+    from tests.helpers import FIXTURES
 
-    module = cst.parse_module(
-        "def f(x):\n    if x:\n        return g(x.y)\n    while x:\n        break\n"
-    )
-    kinds = [(cst.Call,), (cst.BaseCompoundStatement,), (cst.SimpleStatementLine, cst.Name)]
-    seen = []
-    walk(module, seen.append, lambda node: None)
-    for node in seen:
-        for kind in kinds:
-            assert is_kind(node, kind) == isinstance(node, kind)
+    built = []
+    original = tree_module.Tree.__init__
+
+    def spy(self, module, *args, **kwargs):
+        built.append(module)
+        original(self, module, *args, **kwargs)
+
+    monkeypatch.setattr(tree_module.Tree, "__init__", spy)
+    text = (FIXTURES / "migrate" / "single_trainer_class" / "before.py").read_text()
+    result = migrate_source(text, "before.py")
+    assert result.migrated, result.reason
+    assert len(built) > 3
+    blocks = [n for m in built for n in subtree(m) if isinstance(n, cst.IndentedBlock)]
+    assert blocks and all(type(n) is cst.IndentedBlock for n in blocks)
