@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.names import class_methods, dotted, find_arg
 from ddpify.walk import subtree
 
 
@@ -37,9 +37,9 @@ def fetched_loaders(view, pull: cst.Call, bindings) -> set[str]:
     if len(values) != 1 or not isinstance(values[0], cst.Call):
         return set()
     cls = _classes(view).get((dotted(values[0].func) or "").rsplit(".", 1)[-1])
-    if cls is None or method not in _methods(cls) or not _pulls_inside(cls, method):
+    if cls is None or method not in class_methods(cls) or not _pulls_inside(cls, method):
         return set()
-    init = _methods(cls).get("__init__")
+    init = class_methods(cls).get("__init__")
     if init is None:
         return set()
     params = [p.name.value for p in init.params.params][1:]
@@ -62,7 +62,7 @@ def fetcher_restarts(view, loader_names: set[str]) -> list[FetcherRestart]:
     classes = _classes(view)
     for call in view.find(cst.Call):
         cls = classes.get((dotted(call.func) or "").rsplit(".", 1)[-1])
-        init = _methods(cls).get("__init__") if cls is not None else None
+        init = class_methods(cls).get("__init__") if cls is not None else None
         if cls is None or init is None or id(cls) in seen:
             continue
         params = [p.name.value for p in init.params.params][1:]
@@ -90,13 +90,9 @@ def _classes(view) -> dict[str, cst.ClassDef]:
     return {cls.name.value: cls for cls in view.find(cst.ClassDef)}
 
 
-def _methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
-    return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
-
-
 def _pulls_inside(cls: cst.ClassDef, method: str) -> bool:
     """Whether `method` calls `next(...)` itself or through `self.<method>()` calls."""
-    methods = _methods(cls)
+    methods = class_methods(cls)
     pending, seen = [method], set()
     while pending:
         name = pending.pop()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis.names import dotted
+from ddpify.analysis.names import class_methods, dotted
 from ddpify.analysis.values import only_value_in_function
 
 
@@ -45,7 +45,9 @@ def held_loaders(view) -> dict[str, HeldLoader]:
                 continue
             attribute = bound_target(_tree_of(view, calls[0]), calls[0])
             if attribute is not None:
-                found[name] = HeldLoader(name, attribute, calls[0], _method(cls, "set_epoch"))
+                found[name] = HeldLoader(
+                    name, attribute, calls[0], class_methods(cls).get("set_epoch")
+                )
         return found
 
     return view_cached(view, "held_loaders", compute)
@@ -114,27 +116,27 @@ def _value_of(view, near: cst.CSTNode, expr: cst.BaseExpression) -> cst.BaseExpr
 
 
 def _returns_self(view, holder: str, method: str) -> bool:
-    cls = next((c for c in view.find(cst.ClassDef) if c.name.value == holder), None)
-    func = _method(cls, method) if cls is not None else None
+    cls = _class_named(view, holder)
+    func = class_methods(cls).get(method) if cls is not None else None
     if func is None:
         return False
     returns = [r.value for r in view.within(func, cst.Return)]
     return bool(returns) and all(value is not None and dotted(value) == "self" for value in returns)
 
 
-def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
-    return next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
-
-
 def early_stop(view, held: HeldLoader) -> cst.If | None:
     """The test in the holder's `__iter__` that ends the pass early (`if i * batch_size >=
     max_dataset_size: break`): it counts the batches this process sees."""
-    cls = next((c for c in view.find(cst.ClassDef) if c.name.value == held.holder), None)
-    method = _method(cls, "__iter__") if cls is not None else None
+    cls = _class_named(view, held.holder)
+    method = class_methods(cls).get("__iter__") if cls is not None else None
     if method is None:
         return None
     for test in view.within(method, cst.If):
         if any(isinstance(node, (cst.Break, cst.Return)) for node in view.within(test.body)):
             return test
     return None
+
+
+def _class_named(view, name: str) -> cst.ClassDef | None:
+    """The first class of the project by that name."""
+    return next((c for c in view.find(cst.ClassDef) if c.name.value == name), None)

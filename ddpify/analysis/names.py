@@ -204,3 +204,10 @@ def identifiers(node: cst.CSTNode) -> list[str]:
         else:
             stack.extend(reversed(list(children(current))))
     return found
+
+
+def class_methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
+    """The methods a class body defines, by name; of two `def`s of one name the later,
+    as Python keeps it."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    return {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}

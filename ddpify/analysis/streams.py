@@ -15,7 +15,7 @@ import libcst as cst
 
 from ddpify.analysis.evaluation import looks_like_eval
 from ddpify.analysis.loaders import _mentions_shard_word
-from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.names import class_methods, dotted, find_arg
 from ddpify.analysis.roles import Loader, _bindings, iterable_dataset_classes
 
 # The decorators the migration puts on the methods it shards, and the switch it sets on
@@ -125,16 +125,9 @@ def producing_method(classes: list[cst.ClassDef], method: str) -> cst.FunctionDe
     """The first definition of `method` along `classes` that does more than hand the
     call on to `super()`."""
     for cls in classes:
-        found = _method(cls, method)
+        found = class_methods(cls).get(method)
         if found is not None and not delegates_to_super(found, method):
             return found
-    return None
-
-
-def _method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    for statement in cls.body.body:
-        if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
-            return statement
     return None
 
 
@@ -206,7 +199,7 @@ def stream_random_draws(view, stream: Stream) -> list[cst.Call]:
     the `__iter__` that yields the items."""
     found: list[cst.Call] = []
     for cls in stream.classes:
-        init = _method(cls, "__init__")
+        init = class_methods(cls).get("__init__")
         if init is not None:
             found.extend(random_draws(view, init))
     if stream.iter_method is not None:
