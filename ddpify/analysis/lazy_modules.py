@@ -18,6 +18,7 @@ from ddpify.analysis.roles import (
     LazilyBuilt,
     lazily_built_models,
     optimizer_calls,
+    statement_before,
     trained_owners,
 )
 
@@ -70,7 +71,7 @@ def _lazy_binding(tree, scope, model: str, optimizer: cst.Call, lazy_classes: se
     with lazy layers, if any (the last such binding)."""
     found = None
     for assign in tree.within(scope, cst.Assign):
-        if tree.scope(assign) is not scope or not _before(tree, assign, optimizer):
+        if tree.scope(assign) is not scope or not statement_before(tree, assign, optimizer):
             continue
         if not any(dotted(target.target) == model for target in assign.targets):
             continue
@@ -91,16 +92,11 @@ def _forward_between(tree, scope, model: str, binding, optimizer: cst.Call) -> c
     for call in tree.within(scope, cst.Call):
         if (
             dotted(call.func) == model
-            and _before(tree, binding, call)
-            and _before(tree, call, optimizer)
+            and statement_before(tree, binding, call)
+            and statement_before(tree, call, optimizer)
         ):
             return call
     return None
-
-
-def _before(tree, first: cst.CSTNode, second: cst.CSTNode) -> bool:
-    a, b = tree.statement(first), tree.statement(second)
-    return a is not None and b is not None and a is not b and tree.order[a] < tree.order[b]
 
 
 def _wrap_point(view, lazy: LazilyBuilt) -> cst.SimpleStatementLine | None:

@@ -21,7 +21,7 @@ from ddpify.analysis.evaluation import looks_like_eval
 from ddpify.analysis.fetchers import fetched_loaders
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.model import unwrap_call_chain
-from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.names import class_methods, dotted, find_arg, method_name
 from ddpify.analysis.reachability import in_imported_main_block
 from ddpify.analysis.trained import PARAMETER_METHODS, collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree
@@ -1693,10 +1693,7 @@ def _owner_of(view, node: cst.CSTNode) -> Tree | None:
 
 def _iterated_attributes(view, cls: cst.ClassDef) -> set[str]:
     """The `self.` attributes `cls.__iter__` loops over, yields from or hands to `iter()`."""
-    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
-    method = next(
-        (s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == "__iter__"), None
-    )
+    method = class_methods(cls).get("__iter__")
     if method is None:
         return set()
     names = set()
@@ -1739,7 +1736,7 @@ def lazily_built_models(tree: Tree) -> list[LazilyBuilt]:
         method = view.function(optimizer)
         if method is None or method.name.value == "__init__":
             continue
-        before = [c for c in view.within(method, cst.Call) if _before(view, c, optimizer)]
+        before = [c for c in view.within(method, cst.Call) if statement_before(view, c, optimizer)]
         forward = next((c for c in before if _is_forward(view, c)), None)
         if forward is None:
             continue
@@ -1793,9 +1790,11 @@ def _makes_layer(view, value: cst.BaseExpression) -> bool:
     return module == "torch.nn" and name[:1].isupper()
 
 
-def _before(view, node: cst.CSTNode, other: cst.CSTNode) -> bool:
+def statement_before(view, node: cst.CSTNode, other: cst.CSTNode) -> bool:
+    """Whether the statement holding `node` comes before the one holding `other`, in one
+    module (`view`: a project view, or the module's own tree)."""
     first, second = view.statement(node), view.statement(other)
-    tree = view.owner(node)
+    tree = view.owner(node) if hasattr(view, "owner") else view
     if tree is None or first is None or second is None or first is second:
         return False
     return tree.order.get(first, 0) < tree.order.get(second, 0)
