@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.batch_coupling import batch_comparisons
 from ddpify.analysis.endless import PassRestart, pass_restarts
-from ddpify.analysis.epochs import epoch_loops
+from ddpify.analysis.epochs import epoch_loops, names_an_epoch_reads
 from ddpify.analysis.fetchers import fetcher_restarts
 from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.loader_helpers import helper_results
@@ -678,7 +678,7 @@ def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None
 
 
 def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | None:
-    inside = _names_read(loop)
+    inside = names_an_epoch_reads(tree, loop)
     # `self.loader` before `loader`: names_in also lists the attribute's own name.
     for name in sorted(inside & set(names), key=_most_qualified):
         return name
@@ -692,28 +692,6 @@ def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | Non
                 if used:
                     return sorted(used, key=_most_qualified)[0]
     return None
-
-
-def _names_read(node: cst.CSTNode) -> set[str]:
-    """names_in(node) without keyword-argument names: `step(dataloader=train_dl)` reads
-    `train_dl`, not a `dataloader`."""
-    found: set[str] = set()
-
-    class _Visit(cst.CSTVisitor):
-        def visit_Arg(self, arg: cst.Arg) -> bool:
-            arg.value.visit(self)
-            return False
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> None:
-            name = dotted(attribute)
-            if name:
-                found.add(name)
-
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-    node.visit(_Visit())
-    return found
 
 
 def _most_qualified(name: str) -> tuple[int, str]:

@@ -17,6 +17,7 @@ from ddpify.analysis.bundles import (
     trained_helper_bundles,
 )
 from ddpify.analysis.lazy_modules import lazy_wrap_points
+from ddpify.analysis.module_globals import functions_run_after, reads_module_binding
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
 from ddpify.analysis.names import dotted, method_name
 from ddpify.analysis.repeated_forwards import forwards_of_several_shapes
@@ -1487,6 +1488,9 @@ def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attri
     else:
         container = tree.scope(statement)
         helpers = wrapper_receivers(tree, {name})
+    # A flat script's functions that run after a top-level wrap read the global wrapper.
+    at_top = tree.scope(statement) is tree.module and statement in tree.module.body
+    run_after = functions_run_after(tree, statement) if at_top else set()
     found = []
     for attr in tree.find(cst.Attribute):
         receiver = dotted(attr.value)
@@ -1496,6 +1500,10 @@ def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attri
         if receiver == name and tree.inside(attr, container) and later:
             if tree.scope(attr) is container or name.startswith("self."):
                 found.append(attr)
+            elif _reads_global_wrapper(tree, attr, name, run_after):
+                found.append(attr)
+        elif receiver == name and _reads_global_wrapper(tree, attr, name, run_after):
+            found.append(attr)
         elif tree.function(attr) is not None:
             func = tree.function(attr)
             if receiver not in helpers.get(func.name.value, ()):  # type: ignore[union-attr]
@@ -1503,6 +1511,17 @@ def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attri
             if receiver in [p.name.value for p in func.params.params]:  # type: ignore[union-attr]
                 found.append(attr)
     return [a for a in found if not _is_call_target_of_wrapper(tree, a)]
+
+
+def _reads_global_wrapper(tree: Tree, attr: cst.Attribute, name: str, run_after: set) -> bool:
+    """`net.state_dict()` in a top-level function that runs only after `net` was wrapped
+    at the top level, and binds no `net` of its own."""
+    function = tree.function(attr)
+    return (
+        function is not None
+        and function.name.value in run_after
+        and reads_module_binding(tree, attr, name)
+    )
 
 
 def _is_call_target_of_wrapper(tree: Tree, attr: cst.Attribute) -> bool:
