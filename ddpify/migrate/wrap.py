@@ -36,6 +36,7 @@ from ddpify.analysis.roles import (
 )
 from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, binds_on_every_branch, mentions
+from ddpify.analysis.values import only_value_in_function
 from ddpify.analysis.wrappers import innermost, records_gradients
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
@@ -1518,16 +1519,20 @@ def _saved_whole_after(tree: Tree, name: str, statement: cst.CSTNode) -> list:
     return [
         saved
         for call in tree.calls_to("torch.save")
-        for saved in _saved_objects(call)
+        for saved in _saved_objects(tree, call)
         if sees(saved, dotted(saved))
     ]
 
 
-def _saved_objects(call: cst.Call) -> list[cst.BaseExpression]:
+def _saved_objects(tree: Tree, call: cst.Call) -> list[cst.BaseExpression]:
     arg = find_arg(call, "obj", 0)
     if arg is None:
         return []
     value = arg.value
+    if isinstance(value, cst.Name):  # `state = {"net": net, ...}; torch.save(state, path)`
+        bound = only_value_in_function(tree, call, value.value)
+        if isinstance(bound, (cst.Dict, cst.List, cst.Tuple)):
+            value = bound
     if isinstance(value, cst.Dict):
         return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
     if isinstance(value, (cst.List, cst.Tuple)):
