@@ -155,8 +155,18 @@ def _bound(alias: cst.ImportAlias) -> str:
 
 
 def _reads_undefined(tree: Tree, names: tuple[str, ...]) -> bool:
-    """Whether the module reads one of `names` that no top-level statement binds."""
-    read = {node.value for node in tree.find(cst.Name) if node.value in names}
+    """Whether the module reads one of `names` that no top-level statement binds (the
+    `torch` of `import torch.nn as nn` is no read)."""
+    in_imports = {
+        id(name)
+        for statement in tree.find((cst.Import, cst.ImportFrom))
+        for name in tree.within(statement, cst.Name)
+    }
+    read = {
+        node.value
+        for node in tree.find(cst.Name)
+        if node.value in names and id(node) not in in_imports
+    }
     if not read:
         return False
     bound = set()
