@@ -16,7 +16,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.frozen import loop_targets
-from ddpify.analysis.names import method_name
+from ddpify.analysis.names import find_arg, method_name
 from ddpify.walk import walk
 
 MATRIX_PRODUCTS = ("torch.matmul", "torch.mm")
@@ -115,3 +115,34 @@ def _names_read(value: cst.BaseExpression) -> set[str]:
 
     walk(value, enter, lambda node: None)
     return found
+
+
+# Losses that can leave targets out of their mean (`ignore_index`).
+MASKED_MEAN_LOSSES = frozenset(
+    {
+        "torch.nn.functional.cross_entropy",
+        "torch.nn.functional.nll_loss",
+        "torch.nn.CrossEntropyLoss",
+        "torch.nn.NLLLoss",
+    }
+)
+
+
+def masked_mean_losses(tree) -> list[cst.Call]:
+    """`cross_entropy(..., ignore_index=-1)` with the mean reduction: it divides by the
+    count of the batch's targets it does not ignore, so the batch's rows share one
+    denominator. Split across ranks, each rank divides by its own count and DDP averages
+    those means: not the original's mean when the ranks count different numbers."""
+    found = []
+    for call in tree.calls_to(*MASKED_MEAN_LOSSES):
+        if find_arg(call, "ignore_index") is None:
+            continue
+        reduction = find_arg(call, "reduction")
+        if reduction is not None and not _is_mean(reduction.value):
+            continue
+        found.append(call)
+    return found
+
+
+def _is_mean(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.SimpleString) and value.evaluated_value == "mean"

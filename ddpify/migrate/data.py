@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.batch_coupling import batch_comparisons
+from ddpify.analysis.batch_coupling import batch_comparisons, masked_mean_losses
 from ddpify.analysis.endless import PassRestart, pass_restarts
 from ddpify.analysis.epochs import epoch_loops, names_an_epoch_reads
 from ddpify.analysis.fetchers import fetcher_restarts
@@ -115,6 +115,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _note_adaptive_solvers(tree, plan)
         if not project_replicates(tree):
             _note_batch_comparisons(tree, plan)
+            _note_masked_means(tree, plan)
     _map_location(tree, plan, edits)
     return edits
 
@@ -131,6 +132,20 @@ def _note_batch_comparisons(tree: Tree, plan: Plan) -> None:
             "compare across ranks, gather the features first (`torch.distributed.nn."
             "all_gather`, which keeps their gradients) and concatenate them",
             tree.code(tree.statement(node)),
+        )
+
+
+def _note_masked_means(tree: Tree, plan: Plan) -> None:
+    """A mean over the targets not ignored: each rank now divides by its own count
+    (analysis/batch_coupling.py)."""
+    for call in masked_mean_losses(tree):
+        plan.needs_human(
+            f"`{tree.code(call.func)}(..., ignore_index=...)` averages over the targets it does "
+            "not ignore: each rank now divides by its own count and DDP averages those means, "
+            "so where the ranks count different numbers of targets the step differs from the "
+            "original's mean over the whole batch; to match it, sum the loss "
+            "(reduction='sum') and divide by the count all-reduced across ranks",
+            tree.code(tree.statement(call)),
         )
 
 
