@@ -136,3 +136,69 @@ def test_migrate_says_nothing_of_a_product_that_compares_no_rows():
     result = migrate_source(plain, "train_contrastive.py")
     assert result.migrated, result.reason
     assert not [item for item in result.needs_human if "compares every row" in item.why]
+
+
+# -- a mean over the targets not ignored ------------------------------------------------
+
+PADDED_TOKENS = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CharModel(nn.Module):
+    def __init__(self, vocab=12, dim=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, idx, targets=None):
+        logits = self.head(self.embed(idx))
+        loss = None
+        if targets is not None:
+            flat = logits.view(-1, logits.size(-1))
+            loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+
+def main():
+    torch.manual_seed(0)
+    words = torch.randint(0, 12, (200, 8))
+    targets = torch.where(torch.rand(200, 8) < 0.3, -1, words)
+    model = CharModel()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(20):
+        ix = torch.randint(0, 200, (16,))
+        X, Y = words[ix], targets[ix]
+        logits, loss = model(X, Y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_migrate_names_a_loss_that_averages_over_the_targets_it_keeps():
+    result = migrate_source(PADDED_TOKENS, "train_chars.py")
+    assert result.migrated, result.reason
+    notes = [item for item in result.needs_human if "ignore_index" in item.why]
+    assert len(notes) == 1
+    assert "all-reduced" in notes[0].why
+    line = result.output.splitlines()[notes[0].line - 1].strip()
+    assert line.startswith("loss = F.cross_entropy(")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        (", ignore_index=-1)", ")"),  # every target counts: the ranks' means average right
+        ("ignore_index=-1)", "ignore_index=-1, reduction='sum')"),  # no mean at all
+    ],
+)
+def test_migrate_says_nothing_of_a_loss_with_one_denominator(change):
+    result = migrate_source(PADDED_TOKENS.replace(*change), "train_chars.py")
+    assert result.migrated, result.reason
+    assert not [item for item in result.needs_human if "ignore_index" in item.why]

@@ -16,7 +16,9 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.frozen import loop_targets
-from ddpify.analysis.names import method_name
+from ddpify.analysis.names import find_arg, method_name
+from ddpify.analysis.reachability import never_run
+from ddpify.analysis.roles import training_loops
 from ddpify.walk import walk
 
 MATRIX_PRODUCTS = ("torch.matmul", "torch.mm")
@@ -115,3 +117,46 @@ def _names_read(value: cst.BaseExpression) -> set[str]:
 
     walk(value, enter, lambda node: None)
     return found
+
+
+# Losses that can leave targets out of their mean (`ignore_index`).
+MASKED_MEAN_LOSSES = frozenset(
+    {
+        "torch.nn.functional.cross_entropy",
+        "torch.nn.functional.nll_loss",
+        "torch.nn.CrossEntropyLoss",
+        "torch.nn.NLLLoss",
+    }
+)
+
+
+def masked_mean_losses(tree) -> list[cst.Call]:
+    """`cross_entropy(..., ignore_index=-1)` with the mean reduction, in the entry
+    script or a module that trains: it divides by the count of the batch's targets it
+    does not ignore, so the batch's rows share one denominator. Split across ranks, each
+    rank divides by its own count and DDP averages those means: not the original's mean
+    when the ranks count different numbers."""
+    found: list[cst.Call] = []
+    # Only the entry script or a module that trains: a loss library a configuration picks
+    # from (or never names) holds many losses the run may not use.
+    entry = getattr(tree.view, "trees", [tree])[0] is tree
+    if not entry and not any(tree.owns(loop) for loop in training_loops(tree)):
+        return found
+    for call in tree.calls_to(*MASKED_MEAN_LOSSES):
+        if find_arg(call, "ignore_index") is None or never_run(tree.view, call):
+            continue  # (a helper module's function the project never names)
+        reduction = find_arg(call, "reduction")
+        if reduction is not None and not _is_mean(reduction.value):
+            continue
+        if any(_is_false(find_arg(call, legacy)) for legacy in ("reduce", "size_average")):
+            continue  # the legacy spellings of reduction="none" and "sum"
+        found.append(call)
+    return found
+
+
+def _is_false(arg: cst.Arg | None) -> bool:
+    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "False"
+
+
+def _is_mean(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.SimpleString) and value.evaluated_value == "mean"

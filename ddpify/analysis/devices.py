@@ -91,10 +91,27 @@ def _is_cuda_string(node: cst.CSTNode) -> bool:
     return False
 
 
-def _names_a_device(node: cst.CSTNode, qualify: Qualify, parent: Mapping) -> bool:
-    """Not `x.type == "cuda"` nor the device type of autocast or a GradScaler."""
+# str methods whose argument is text to look for, not a place for tensors:
+# `args.device.startswith("cuda")` tests the option's spelling.
+TEXT_METHODS = frozenset(
+    {"startswith", "endswith", "find", "rfind", "index", "rindex", "count", "split"}
+    | {"rsplit", "partition", "rpartition", "replace", "removeprefix", "removesuffix"}
+)
+
+
+def searched_text(node: cst.CSTNode, parent: Mapping) -> bool:
+    """Whether `node` is an argument of a str method that searches text
+    (`device.startswith("cuda")`): a spelling compared, not a device."""
     above = parent.get(node)
-    if isinstance(above, (cst.Comparison, cst.ComparisonTarget)):
+    call = parent.get(above) if isinstance(above, cst.Arg) else None
+    return isinstance(call, cst.Call) and method_name(call) in TEXT_METHODS
+
+
+def _names_a_device(node: cst.CSTNode, qualify: Qualify, parent: Mapping) -> bool:
+    """Not `x.type == "cuda"`, `x.startswith("cuda")`, nor the device type of autocast or
+    a GradScaler."""
+    above = parent.get(node)
+    if isinstance(above, (cst.Comparison, cst.ComparisonTarget)) or searched_text(node, parent):
         return False
     if isinstance(above, cst.Arg):
         if above.keyword is not None and above.keyword.value == "device_type":

@@ -13,6 +13,7 @@ import re
 
 import libcst as cst
 
+from ddpify.analysis.module_globals import called_by_name, local_names, module_functions
 from ddpify.analysis.names import dotted, identifiers
 from ddpify.analysis.tree import Tree
 
@@ -47,3 +48,50 @@ def _runs_epoch_helper(loop: cst.For | cst.While) -> bool:
                 if name and _EPOCH_RUNNER.search(name.rsplit(".", 1)[-1].lower()):
                     return True
     return False
+
+
+def names_an_epoch_reads(tree: Tree, loop: cst.For | cst.While) -> set[str]:
+    """The dotted names an epoch loop reads in its own body, and the module-level names
+    read by the functions of this module it calls by name, through their own calls in
+    turn: `for epoch in ...: train(epoch)`, where `train` iterates the global
+    `trainloader`, reads `trainloader`. A name the loop's own function binds is not the
+    module-level one its callees read, so it is left out."""
+    found = names_read(loop)
+    functions = module_functions(tree)
+    shadowed = local_names(tree.function(loop)) if tree.function(loop) else set()
+    pending = [functions[name] for name in called_by_name(loop) if name in functions]
+    seen: set[int] = set()
+    while pending:
+        function = pending.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        local = local_names(function)
+        for name in names_read(function.body):
+            head = name.split(".", 1)[0]
+            if head not in local and head not in shadowed:
+                found.add(name)
+        pending += [functions[name] for name in called_by_name(function) if name in functions]
+    return found
+
+
+def names_read(node: cst.CSTNode) -> set[str]:
+    """Dotted names read in `node`, keyword-argument names left out: `step(dataloader=
+    train_dl)` reads `train_dl`, not a `dataloader`."""
+    found: set[str] = set()
+
+    class _Visit(cst.CSTVisitor):
+        def visit_Arg(self, arg: cst.Arg) -> bool:
+            arg.value.visit(self)
+            return False
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            name = dotted(attribute)
+            if name:
+                found.add(name)
+
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+    node.visit(_Visit())
+    return found

@@ -557,3 +557,25 @@ def indent_of(tree: Tree, statement: cst.BaseStatement) -> str:
     """The indentation (relative to the module) of a statement's block, for templates."""
     depth = sum(1 for a in tree.ancestors(statement) if isinstance(a, cst.IndentedBlock))
     return "    " * depth
+
+
+def binds_on_every_branch(statement: cst.If, name: str) -> bool:
+    """Whether every branch of `if ...: ... elif ...: ... else: ...` assigns `name` in its
+    own block (`model = Net()` / `model = checkpoint["model"]`): after the `if`, `name`
+    holds a value whichever way it went. No `else` leaves a path that binds nothing."""
+    branch: cst.If | cst.Else | None = statement
+    while isinstance(branch, cst.If):
+        if not _block_assigns(branch.body, name):
+            return False
+        branch = branch.orelse
+    return isinstance(branch, cst.Else) and _block_assigns(branch.body, name)
+
+
+def _block_assigns(block: cst.BaseSuite, name: str) -> bool:
+    for line in getattr(block, "body", ()):
+        for small in getattr(line, "body", ()) if isinstance(line, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign) and any(
+                dotted(target.target) == name for target in small.targets
+            ):
+                return True
+    return False

@@ -29,6 +29,16 @@ def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
             between = cst.Comma(whitespace_after=_as_whitespace(call.whitespace_before_args))
         args[-1] = last.with_changes(comma=between)
         args.append(arg.with_changes(comma=last.comma))
+    elif isinstance(last.whitespace_after_arg, cst.ParenthesizedWhitespace):
+        # The closing parenthesis on a line of its own: the new argument goes on a line of
+        # its own too, before that line break, like the arguments above it.
+        between = (
+            args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else None
+        )
+        if between is None:
+            between = cst.Comma(whitespace_after=_as_whitespace(call.whitespace_before_args))
+        args[-1] = last.with_changes(comma=between, whitespace_after_arg=cst.SimpleWhitespace(""))
+        args.append(arg.with_changes(whitespace_after_arg=last.whitespace_after_arg))
     else:
         args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         args.append(arg)

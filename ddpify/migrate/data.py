@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.batch_coupling import batch_comparisons
+from ddpify.analysis.batch_coupling import batch_comparisons, masked_mean_losses
 from ddpify.analysis.endless import PassRestart, pass_restarts
-from ddpify.analysis.epochs import epoch_loops
+from ddpify.analysis.epochs import epoch_loops, names_an_epoch_reads
 from ddpify.analysis.fetchers import fetcher_restarts
 from ddpify.analysis.loader_classes import chosen_training_loaders
 from ddpify.analysis.loader_helpers import helper_results
@@ -115,6 +115,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         _note_adaptive_solvers(tree, plan)
         if not project_replicates(tree):
             _note_batch_comparisons(tree, plan)
+            _note_masked_means(tree, plan)
     _map_location(tree, plan, edits)
     return edits
 
@@ -131,6 +132,20 @@ def _note_batch_comparisons(tree: Tree, plan: Plan) -> None:
             "compare across ranks, gather the features first (`torch.distributed.nn."
             "all_gather`, which keeps their gradients) and concatenate them",
             tree.code(tree.statement(node)),
+        )
+
+
+def _note_masked_means(tree: Tree, plan: Plan) -> None:
+    """A mean over the targets not ignored: each rank now divides by its own count
+    (analysis/batch_coupling.py)."""
+    for call in masked_mean_losses(tree):
+        plan.needs_human(
+            f"`{tree.code(call.func)}(..., ignore_index=...)` averages over the targets it does "
+            "not ignore: each rank now divides by its own count and DDP averages those means, "
+            "so where the ranks count different numbers of targets the step differs from the "
+            "original's mean over the whole batch; to match it, sum the loss "
+            "(reduction='sum') and divide by the count all-reduced across ranks",
+            tree.code(tree.statement(call)),
         )
 
 
@@ -678,7 +693,7 @@ def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None
 
 
 def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | None:
-    inside = _names_read(loop)
+    inside = names_an_epoch_reads(tree, loop)
     # `self.loader` before `loader`: names_in also lists the attribute's own name.
     for name in sorted(inside & set(names), key=_most_qualified):
         return name
@@ -692,28 +707,6 @@ def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | Non
                 if used:
                     return sorted(used, key=_most_qualified)[0]
     return None
-
-
-def _names_read(node: cst.CSTNode) -> set[str]:
-    """names_in(node) without keyword-argument names: `step(dataloader=train_dl)` reads
-    `train_dl`, not a `dataloader`."""
-    found: set[str] = set()
-
-    class _Visit(cst.CSTVisitor):
-        def visit_Arg(self, arg: cst.Arg) -> bool:
-            arg.value.visit(self)
-            return False
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> None:
-            name = dotted(attribute)
-            if name:
-                found.add(name)
-
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-    node.visit(_Visit())
-    return found
 
 
 def _most_qualified(name: str) -> tuple[int, str]:

@@ -24,8 +24,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
     torch_imports = [s for s in imports if _module(s).startswith("torch")]
     after = torch_imports[-1] if torch_imports else imports[-1]
     wanted = []
-    if "torch" in plan.needs and tree.alias_for("torch") is None:
-        wanted.append("import torch")  # a module that imported only `from torch import nn`
+    # A module that imported only `from torch import nn` (or `from torch.backends import
+    # cudnn`) and now reads `torch.cuda...` in the code the passes added.
+    needs_torch = "torch" in plan.needs or _reads_undefined(tree, ("torch",))
+    if needs_torch and tree.alias_for("torch") is None:
+        wanted.append("import torch")
     if "dist" in plan.needs and tree.alias_for("torch.distributed") is None:
         wanted.append(f"import torch.distributed as {plan.dist}")
     if "ddp" in plan.needs and tree.alias_for(DDP) is None:
@@ -152,8 +155,18 @@ def _bound(alias: cst.ImportAlias) -> str:
 
 
 def _reads_undefined(tree: Tree, names: tuple[str, ...]) -> bool:
-    """Whether the module reads one of `names` that no top-level statement binds."""
-    read = {node.value for node in tree.find(cst.Name) if node.value in names}
+    """Whether the module reads one of `names` that no top-level statement binds (the
+    `torch` of `import torch.nn as nn` is no read)."""
+    in_imports = {
+        id(name)
+        for statement in tree.find((cst.Import, cst.ImportFrom))
+        for name in tree.within(statement, cst.Name)
+    }
+    read = {
+        node.value
+        for node in tree.find(cst.Name)
+        if node.value in names and id(node) not in in_imports
+    }
     if not read:
         return False
     bound = set()

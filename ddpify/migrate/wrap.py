@@ -17,8 +17,9 @@ from ddpify.analysis.bundles import (
     trained_helper_bundles,
 )
 from ddpify.analysis.lazy_modules import lazy_wrap_points
+from ddpify.analysis.module_globals import functions_run_after, reads_module_binding
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
-from ddpify.analysis.names import dotted, method_name
+from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.repeated_forwards import forwards_of_several_shapes
 from ddpify.analysis.roles import (
     class_of,
@@ -34,7 +35,8 @@ from ddpify.analysis.roles import (
     wrapper_receivers,
 )
 from ddpify.analysis.trained import collection_owners, parameter_owners
-from ddpify.analysis.tree import Tree, mentions
+from ddpify.analysis.tree import Tree, binds_on_every_branch, mentions
+from ddpify.analysis.values import only_value_in_function
 from ddpify.analysis.wrappers import innermost, records_gradients
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
@@ -971,15 +973,21 @@ def _binding(tree: Tree, target: str, near: cst.CSTNode) -> cst.BaseStatement | 
         same_scope = [s for s in candidates if cls is not None and tree.inside(s, cls)]
     before = [s for s in same_scope if not tree.after(s, near)]
     chosen = (before or same_scope or candidates)[-1]
-    return _climb_conditionals(tree, chosen, near)
+    return _climb_conditionals(tree, chosen, near, target)
 
 
 def _climb_conditionals(
-    tree: Tree, statement: cst.BaseStatement, near: cst.CSTNode | None = None
+    tree: Tree,
+    statement: cst.BaseStatement,
+    near: cst.CSTNode | None = None,
+    target: str | None = None,
 ) -> cst.BaseStatement:
     """A model built in `if arch == ...: ... else: ...` is wrapped after the whole `if`;
     not after an `if` that holds `near` (its optimizer) too: built and trained under one
-    condition (`if self.isTrain:`), it exists only there, so it is wrapped there."""
+    condition (`if self.isTrain:`), it exists only there, so it is wrapped there. Unless
+    every branch binds `target` (a fresh model and its optimizer, or both restored from a
+    checkpoint): the model exists after the `if` either way, and a wrap inside one branch
+    would leave the other path unwrapped and come before the later `.to(device)`."""
     while True:
         owner = tree.parent.get(tree.block(statement))
         while isinstance(owner, (cst.Else, cst.If)) and tree.statement(owner) is not owner:
@@ -990,7 +998,8 @@ def _climb_conditionals(
             if owner is tree.main_guard() or getattr(owner, "finalbody", None) is not None:
                 return statement
             if near is not None and tree.owns(near) and tree.inside(near, owner):
-                return statement
+                if target is None or not binds_on_every_branch(owner, target):
+                    return statement
             statement = owner
             continue
         return statement
@@ -1329,6 +1338,22 @@ def _through_module(
                     "prefix; strip the prefix when loading old checkpoints",
                     f".module.{attr.attr.value}",
                 )
+        for saved in _saved_whole_after(tree, name, statement):
+            if branch is None or tree.inside(saved, branch):
+                _save_the_module(tree, plan, edits, saved)
+
+
+def _save_the_module(tree: Tree, plan: Plan, edits: Edits, saved: cst.BaseExpression) -> None:
+    """`torch.save({"model": model})` of the DDP wrapper -> `model.module`: the checkpoint
+    holds the model as the original's did (a pickled wrapper needs its process group)."""
+    shown = tree.code(saved)
+    edits.replace(saved, snippets.expression(f"{shown}.module"))
+    plan.change(
+        NAME,
+        f"the saved {shown} -> {shown}.module: the checkpoint holds the model, not the wrapper",
+        f"{shown}.module",
+        "DDP051",
+    )
 
 
 def _items_through_module(
@@ -1481,28 +1506,82 @@ def _may_run_submodules(tree: Tree, attr: str) -> bool:
 
 def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:
     """`name.attr` nodes that run after `statement` wrapped `name`."""
+    sees = _wrapper_reader(tree, name, statement)
+    found = [attr for attr in tree.find(cst.Attribute) if sees(attr, dotted(attr.value))]
+    return [a for a in found if not _is_call_target_of_wrapper(tree, a)]
+
+
+def _saved_whole_after(tree: Tree, name: str, statement: cst.CSTNode) -> list:
+    """`name` itself saved after `statement` wrapped it: `torch.save(model, path)`, or a
+    value of the dict (an item of the list) saved (`{"model": model, "epoch": epoch}`),
+    which would pickle the DDP wrapper."""
+    sees = _wrapper_reader(tree, name, statement)
+    return [
+        saved
+        for call in tree.calls_to("torch.save")
+        for saved in _saved_objects(tree, call)
+        if sees(saved, dotted(saved))
+    ]
+
+
+def _saved_objects(tree: Tree, call: cst.Call) -> list[cst.BaseExpression]:
+    arg = find_arg(call, "obj", 0)
+    if arg is None:
+        return []
+    value = arg.value
+    if isinstance(value, cst.Name):  # `state = {"net": net, ...}; torch.save(state, path)`
+        bound = only_value_in_function(tree, call, value.value)
+        if isinstance(bound, (cst.Dict, cst.List, cst.Tuple)):
+            value = bound
+    if isinstance(value, cst.Dict):
+        return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return [e.value for e in value.elements if isinstance(e, cst.Element)]
+    return [value]
+
+
+def _wrapper_reader(tree: Tree, name: str, statement: cst.CSTNode):
+    """A test of (node, the dotted name it reads): whether it reads `name` holding the
+    DDP wrapper `statement` made, in the wrap's scope after it, in a flat script's
+    function that runs after a top-level wrap, or as the parameter of a helper the
+    wrapper is handed to."""
     if name.startswith("self."):
         container = class_of(tree, statement) or tree.module
         helpers: dict[str, set[str]] = {}
     else:
         container = tree.scope(statement)
         helpers = wrapper_receivers(tree, {name})
-    found = []
-    for attr in tree.find(cst.Attribute):
-        receiver = dotted(attr.value)
+    # A flat script's functions that run after a top-level wrap read the global wrapper.
+    at_top = tree.scope(statement) is tree.module and statement in tree.module.body
+    run_after = functions_run_after(tree, statement) if at_top else set()
+
+    def sees(node: cst.CSTNode, receiver: str | None) -> bool:
         if receiver is None:
-            continue
-        later = tree.after(attr, statement) and not tree.inside(attr, statement)
-        if receiver == name and tree.inside(attr, container) and later:
-            if tree.scope(attr) is container or name.startswith("self."):
-                found.append(attr)
-        elif tree.function(attr) is not None:
-            func = tree.function(attr)
-            if receiver not in helpers.get(func.name.value, ()):  # type: ignore[union-attr]
-                continue
-            if receiver in [p.name.value for p in func.params.params]:  # type: ignore[union-attr]
-                found.append(attr)
-    return [a for a in found if not _is_call_target_of_wrapper(tree, a)]
+            return False
+        later = tree.after(node, statement) and not tree.inside(node, statement)
+        if receiver == name and tree.inside(node, container) and later:
+            if tree.scope(node) is container or name.startswith("self."):
+                return True
+            return _reads_global_wrapper(tree, node, name, run_after)
+        if receiver == name and _reads_global_wrapper(tree, node, name, run_after):
+            return True
+        func = tree.function(node)
+        if func is None or receiver not in helpers.get(func.name.value, ()):
+            return False
+        return receiver in [p.name.value for p in func.params.params]
+
+    return sees
+
+
+def _reads_global_wrapper(tree: Tree, node: cst.CSTNode, name: str, run_after: set) -> bool:
+    """`net.state_dict()` in a top-level function that runs only after `net` was wrapped
+    at the top level, and binds no `net` of its own."""
+    function = tree.function(node)
+    return (
+        function is not None
+        and function.name.value in run_after
+        and reads_module_binding(tree, node, name)
+    )
 
 
 def _is_call_target_of_wrapper(tree: Tree, attr: cst.Attribute) -> bool:

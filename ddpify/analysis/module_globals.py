@@ -1,0 +1,97 @@
+"""A module's top-level functions and the module-level names they read: a function that
+does not bind a name itself (parameter, assignment) reads the module's binding of it, so a
+flat script's `def train(epoch)` iterates the global `trainloader` and steps the global
+`net`, which may hold the DDP wrapper by the time it runs."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.accumulation import assigned_names
+from ddpify.analysis.training import own_nodes
+from ddpify.analysis.tree import Tree
+
+
+def module_functions(tree: Tree) -> dict[str, cst.FunctionDef]:
+    """The functions defined at the module's top level, by name (the later def wins, as
+    in Python)."""
+    return {s.name.value: s for s in tree.module.body if isinstance(s, cst.FunctionDef)}
+
+
+def called_by_name(node: cst.CSTNode) -> set[str]:
+    """The plain names `node` calls: `train(epoch)`, not `self.train()` nor `loader.next()`."""
+    found: set[str] = set()
+
+    class _Visit(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if isinstance(call.func, cst.Name):
+                found.add(call.func.value)
+
+    node.visit(_Visit())
+    return found
+
+
+def local_names(function: cst.FunctionDef) -> set[str]:
+    """The plain names `function` binds for itself: its parameters and what it assigns,
+    less those it declares `global`."""
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    every += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    local = {param.name.value for param in every}
+    local |= {name for name in assigned_names(function.body) if "." not in name}
+    declared: set[str] = set()
+    for node in own_nodes(function.body):
+        if isinstance(node, cst.Global):
+            declared |= {item.name.value for item in node.names}
+    return local - declared
+
+
+def reads_module_binding(tree: Tree, node: cst.CSTNode, name: str) -> bool:
+    """Whether `node`, inside a top-level function of this module (not a method, not a
+    nested function), reads the module's own binding of `name`'s head: the function
+    binds no local of that name."""
+    function = tree.function(node)
+    if function is None or tree.parent.get(function) is not tree.module:
+        return False
+    return name.split(".", 1)[0] not in local_names(function)
+
+
+def first_module_level_call(tree: Tree, function: cst.FunctionDef) -> cst.CSTNode | None:
+    """The first top-level statement of the module that calls `function` by name (directly,
+    not through another function), or None."""
+    for statement in tree.module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        if function.name.value in called_by_name(statement):
+            return statement
+    return None
+
+
+def functions_run_after(tree: Tree, statement: cst.CSTNode) -> set[str]:
+    """The top-level functions of this module that run only after the top-level
+    `statement`: called by name first from a later top-level statement, or, never called
+    from top-level code, called only from such functions."""
+    functions = module_functions(tree)
+    order = {id(s): index for index, s in enumerate(tree.module.body)}
+    anchor = order.get(id(statement))
+    if anchor is None:
+        return set()
+    after: set[str] = set()
+    unplaced: dict[str, cst.FunctionDef] = {}
+    for name, function in functions.items():
+        first = first_module_level_call(tree, function)
+        if first is None:
+            unplaced[name] = function
+        elif order[id(first)] > anchor:
+            after.add(name)
+    callers = {name: called_by_name(function.body) for name, function in functions.items()}
+    changed = True
+    while changed:
+        changed = False
+        for name in list(unplaced):
+            calling = {c for c, called in callers.items() if name in called}
+            if calling and calling <= after:
+                after.add(name)
+                del unplaced[name]
+                changed = True
+    return after
