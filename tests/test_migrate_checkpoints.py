@@ -18,7 +18,7 @@ import libcst as cst
 import pytest
 
 from ddpify.analysis.tree import Tree
-from ddpify.migrate import migrate_source, unwrap
+from ddpify.migrate import migrate_source, type_tests, unwrap
 from ddpify.migrate.analyze import Options, Plan, Shape
 from tests.helpers import FIXTURES
 
@@ -133,3 +133,110 @@ def test_a_copy_of_a_model_wrapped_on_one_path_only_unwraps_where_it_is_wrapped(
     # Already through `.module`: a second run changes nothing.
     again = Tree(cst.parse_module(out), out)
     assert not unwrap.run(again, Plan(Shape.SINGLE, Options()))
+
+
+# -- tests for DataParallel (migrate/type_tests.py) --------------------------------------
+
+# Runs a project's train.py in one process on the CPU, then prints the keys of the
+# checkpoint it wrote.
+RUN_AND_LIST_KEYS = """
+import os, runpy, sys
+import torch
+
+folder = sys.argv[1]
+sys.path.insert(0, folder)
+os.chdir(folder)
+sys.argv = ["train.py", "--epochs", "1"]
+runpy.run_path("train.py", run_name="__main__")
+state = torch.load(os.path.join("checkpoints", "last.pt"))
+print("model", sorted(state["model"]))
+print("ema", sorted(state["ema"]))
+"""
+
+
+def _checkpoint_keys(folder) -> dict[str, str]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_AND_LIST_KEYS, str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " [" in line)
+
+
+@pytest.mark.torchrun
+def test_isinstance_unwraps_keep_the_originals_checkpoint_and_ema_keys(tmp_path):
+    """ema_dataparallel unwraps with `isinstance(model, nn.DataParallel)` in its EMA helper
+    and its save helper. The converted model is a DDP wrapper on every path: its tests
+    also name DDP, so the checkpoint and the EMA hold the original's keys, not `module.`."""
+    pytest.importorskip("torch")
+    original, converted = tmp_path / "original", tmp_path / "converted"
+    shutil.copytree(PROJECTS / "ema_dataparallel" / "before", original)
+    shutil.copytree(PROJECTS / "ema_dataparallel" / "after", converted)
+    before, after = _checkpoint_keys(original), _checkpoint_keys(converted)
+    assert after == before
+    assert "module." not in after["model"] and "body.0.weight" in after["ema"]
+
+
+def _type_tests_out(source: str) -> tuple[str, Plan]:
+    module = cst.parse_module(source)
+    tree = Tree(module, source)
+    plan = Plan(Shape.DATA_PARALLEL, Options())
+    edits = type_tests.run(tree, plan)
+    return edits.apply(module, tree.parent).code, plan
+
+
+TYPE_TESTS = """\
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def unwrap(model):
+    if isinstance(model, torch.nn.DataParallel):
+        return model.module
+    return model.module if isinstance(model, (nn.Sequential, nn.DataParallel)) else model
+"""
+
+
+def test_a_test_for_dataparallel_also_names_the_modules_own_ddp():
+    out, plan = _type_tests_out(TYPE_TESTS)
+    assert "if isinstance(model, (torch.nn.DataParallel, DistributedDataParallel)):" in out
+    assert "isinstance(model, (nn.Sequential, nn.DataParallel, DistributedDataParallel))" in out
+    assert [change.code for change in plan.changes] == ["DDP036", "DDP036"]
+    assert "ddp" not in plan.needs  # the module's own import names it
+    again, plan = _type_tests_out(out)
+    assert again == out and not plan.changes
+
+
+def test_a_module_without_a_ddp_import_gets_one_through_the_imports_pass():
+    out, plan = _type_tests_out(
+        "import torch.nn as nn\n\ndef bare(m):\n    return isinstance(m, nn.DataParallel)\n"
+    )
+    assert "return isinstance(m, (nn.DataParallel, DDP))" in out
+    assert "ddp" in plan.needs
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "isinstance(model, (nn.DataParallel, DistributedDataParallel))",
+        "isinstance(model, nn.DataParallel) or isinstance(model, DistributedDataParallel)",
+        "isinstance(model, nn.DataParallel) or hasattr(model, 'module')",
+        "isinstance(model, nn.Linear)",
+        "isinstance(model, (*wrappers, nn.DataParallel))",
+    ],
+)
+def test_tests_that_accept_a_ddp_wrapper_or_name_no_dataparallel_are_left_alone(test):
+    source = (
+        "import torch.nn as nn\n"
+        "from torch.nn.parallel import DistributedDataParallel\n\n"
+        f"def plain(model, wrappers):\n    return {test}\n"
+    )
+    out, plan = _type_tests_out(source)
+    assert out == source and not plan.changes
