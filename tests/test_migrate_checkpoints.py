@@ -216,27 +216,34 @@ def test_a_test_for_dataparallel_also_names_the_modules_own_ddp():
 
 def test_a_module_without_a_ddp_import_gets_one_through_the_imports_pass():
     out, plan = _type_tests_out(
-        "import torch.nn as nn\n\ndef bare(m):\n    return isinstance(m, nn.DataParallel)\n"
+        "import torch.nn as nn\n\ndef bare(m):\n"
+        "    return m.module if isinstance(m, nn.DataParallel) else m\n"
     )
-    assert "return isinstance(m, (nn.DataParallel, DDP))" in out
+    assert "return m.module if isinstance(m, (nn.DataParallel, DDP)) else m" in out
     assert "ddp" in plan.needs
 
 
 @pytest.mark.parametrize(
-    "test",
+    "body",
     [
-        "isinstance(model, (nn.DataParallel, DistributedDataParallel))",
-        "isinstance(model, nn.DataParallel) or isinstance(model, DistributedDataParallel)",
-        "isinstance(model, nn.DataParallel) or hasattr(model, 'module')",
-        "isinstance(model, nn.Linear)",
-        "isinstance(model, (*wrappers, nn.DataParallel))",
+        "return model.module if isinstance(model, (nn.DataParallel, DistributedDataParallel)) "
+        "else model",
+        "if isinstance(model, nn.DataParallel) or isinstance(model, DistributedDataParallel):\n"
+        "        return model.module",
+        "return model.module if isinstance(model, nn.DataParallel) or hasattr(model, 'module') "
+        "else model",
+        "return model.module if isinstance(model, nn.Linear) else model",
+        "return model.module if isinstance(model, (*wrappers, nn.DataParallel)) else model",
+        # a type check, and a reduction of a loss module's gathered values: no unwrap
+        "assert isinstance(model, nn.DataParallel)",
+        "return loss.mean() if isinstance(model, nn.DataParallel) else loss",
     ],
 )
-def test_tests_that_accept_a_ddp_wrapper_or_name_no_dataparallel_are_left_alone(test):
+def test_tests_that_accept_ddp_or_decide_no_unwrap_are_left_alone(body):
     source = (
         "import torch.nn as nn\n"
         "from torch.nn.parallel import DistributedDataParallel\n\n"
-        f"def plain(model, wrappers):\n    return {test}\n"
+        f"def plain(model, wrappers, loss):\n    {body}\n"
     )
     out, plan = _type_tests_out(source)
     assert out == source and not plan.changes

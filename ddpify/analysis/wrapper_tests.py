@@ -7,6 +7,9 @@ the `module.` prefix and `model.generate(...)` raises AttributeError. A test tha
 names DistributedDataParallel (in its class tuple, or beside it in an `or` chain), or
 that asks `hasattr(model, "module")` there, holds for both wrappers.
 
+Only a test that decides an unwrap counts (its `if` reads `<tested>.module`): an
+`assert isinstance(x, DataParallel)` checks a type, it does not unwrap.
+
 The wrapping rule DDP036 reports such tests in a file that wraps in DDP; migrate's unwrap
 pass widens them once DataParallel has become DDP.
 """
@@ -73,6 +76,43 @@ def data_parallel_test(
     ):
         return None
     return DataParallelTest(call, call.args[0].value, classes)
+
+
+def skips_unwrap_under_ddp(
+    test: DataParallelTest, ancestors: Sequence[cst.CSTNode], qualify: Qualify
+) -> bool:
+    """Whether the unwrap the test decides is skipped for a DDP wrapper: it decides one,
+    and nothing beside it in its `or` chain accepts DDP. `ancestors`: the call's, from
+    the module down, the call excluded."""
+    return guards_unwrap(test, ancestors) and not covered_beside(test, ancestors, qualify)
+
+
+def guards_unwrap(test: DataParallelTest, ancestors: Sequence[cst.CSTNode]) -> bool:
+    """Whether the test decides an unwrap: the `if` (or conditional expression) it is the
+    condition of reads `<tested>.module` in one of its branches. An `assert isinstance(...)`
+    or a test of a loss module that only changes how a value is reduced is not an unwrap."""
+    tested = dotted(test.tested)
+    if tested is None:
+        return False
+    for node in reversed(ancestors):
+        if type(node) in (cst.If, cst.IfExp):
+            branches = [node.body, node.orelse]
+            break
+        if type(node) not in (cst.BooleanOperation, cst.UnaryOperation):
+            return False
+    else:
+        return False
+    found = []
+
+    def enter(node: cst.CSTNode) -> None:
+        if type(node) is cst.Attribute and node.attr.value == "module":
+            if dotted(node.value) == tested:
+                found.append(node)
+
+    for branch in branches:
+        if branch is not None:
+            walk(branch, enter, lambda node: None)
+    return bool(found)
 
 
 def covered_beside(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ddpify.analysis.roles import data_parallel_subclasses
 from ddpify.analysis.tree import Tree
-from ddpify.analysis.wrapper_tests import DDP, covered_beside, data_parallel_test
+from ddpify.analysis.wrapper_tests import DDP, data_parallel_test, skips_unwrap_under_ddp
 from ddpify.migrate.analyze import Plan
 from ddpify.migrate.edits import Edits
 
@@ -28,7 +28,9 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if path != "isinstance":
             continue
         test = data_parallel_test(call, tree.qualify, subclasses)
-        if test is None or covered_beside(test, tree.ancestors(call)[:-1], tree.qualify):
+        if test is None or not skips_unwrap_under_ddp(
+            test, tree.ancestors(call)[:-1], tree.qualify
+        ):
             continue
         ddp = _ddp_spelling(tree, plan)
         widened = test.widened(ddp)

@@ -7,8 +7,8 @@ from ddpify.analysis.wrapper_tests import (
     DATA_PARALLEL,
     DDP,
     DataParallelTest,
-    covered_beside,
     data_parallel_test,
+    skips_unwrap_under_ddp,
 )
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
@@ -37,7 +37,7 @@ class DataParallelOnlyTest(WrapperRule):
             return  # `isinstance` is a builtin: nothing imported qualifies to it
         test = data_parallel_test(node, self.context.qualify)
         ancestors = self.context.ancestors[:-1]
-        if test is not None and not covered_beside(test, ancestors, self.context.qualify):
+        if test is not None and skips_unwrap_under_ddp(test, ancestors, self.context.qualify):
             self.tests.append(test)
 
     def leave_Module(self, node: cst.Module) -> None:
