@@ -237,6 +237,9 @@ def test_a_module_without_a_ddp_import_gets_one_through_the_imports_pass():
         # a type check, and a reduction of a loss module's gathered values: no unwrap
         "assert isinstance(model, nn.DataParallel)",
         "return loss.mean() if isinstance(model, nn.DataParallel) else loss",
+        # DataParallel's own code: the branch wraps the module in a DataParallel again
+        "if isinstance(model, nn.DataParallel):\n"
+        "        return DataParallelWithCallback(convert(model.module))",
     ],
 )
 def test_tests_that_accept_ddp_or_decide_no_unwrap_are_left_alone(body):

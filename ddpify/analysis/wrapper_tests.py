@@ -8,7 +8,8 @@ names DistributedDataParallel (in its class tuple, or beside it in an `or` chain
 that asks `hasattr(model, "module")` there, holds for both wrappers.
 
 Only a test that decides an unwrap counts (its `if` reads `<tested>.module`): an
-`assert isinstance(x, DataParallel)` checks a type, it does not unwrap.
+`assert isinstance(x, DataParallel)` checks a type, it does not unwrap, and a branch that
+wraps the module in a DataParallel again is DataParallel's own code.
 
 The wrapping rule DDP036 reports such tests in a file that wraps in DDP; migrate's unwrap
 pass widens them once DataParallel has become DDP.
@@ -102,17 +103,27 @@ def guards_unwrap(test: DataParallelTest, ancestors: Sequence[cst.CSTNode]) -> b
             return False
     else:
         return False
-    found = []
+    unwraps, rewraps = [], []
 
     def enter(node: cst.CSTNode) -> None:
         if type(node) is cst.Attribute and node.attr.value == "module":
             if dotted(node.value) == tested:
-                found.append(node)
+                unwraps.append(node)
+        elif type(node) is cst.Call and _builds_data_parallel(node):
+            rewraps.append(node)
 
     for branch in branches:
         if branch is not None:
             walk(branch, enter, lambda node: None)
-    return bool(found)
+    return bool(unwraps) and not rewraps
+
+
+def _builds_data_parallel(call: cst.Call) -> bool:
+    """`DataParallel(...)`, `DataParallelWithCallback(...)`: a branch that wraps the
+    module in a DataParallel again is DataParallel's own code (a sync-BatchNorm package's
+    `convert_model`), which a DDP wrapper must not go through."""
+    short = (dotted(call.func) or "").rsplit(".", 1)[-1]
+    return "DataParallel" in short and "Distributed" not in short
 
 
 def covered_beside(
