@@ -148,9 +148,10 @@ sys.path.insert(0, folder)
 os.chdir(folder)
 sys.argv = ["train.py", "--epochs", "1"]
 runpy.run_path("train.py", run_name="__main__")
-state = torch.load(os.path.join("checkpoints", "last.pt"))
-print("model", sorted(state["model"]))
-print("ema", sorted(state["ema"]))
+for name in sorted(os.listdir("checkpoints")):
+    state = torch.load(os.path.join("checkpoints", name))
+    for part, value in (state.items() if "model" in state else [("", state)]):
+        print(f"{name}:{part}", sorted(value))
 """
 
 
@@ -180,7 +181,24 @@ def test_isinstance_unwraps_keep_the_originals_checkpoint_and_ema_keys(tmp_path)
     shutil.copytree(PROJECTS / "ema_dataparallel" / "after", converted)
     before, after = _checkpoint_keys(original), _checkpoint_keys(converted)
     assert after == before
-    assert "module." not in after["model"] and "body.0.weight" in after["ema"]
+    assert "module." not in after["last.pt:model"] and "body.0.weight" in after["last.pt:ema"]
+
+
+@pytest.mark.torchrun
+def test_an_ema_helper_handed_the_wrapper_copies_and_reads_the_model(tmp_path):
+    """ema_copy_helper's `ModelEMA(model)` deep-copies what it is given and reads
+    `model.state_dict()` by key at each update; one save helper writes both the EMA copy
+    (a plain module) and the trained model. Converted, the copy and the reads both go
+    through the plain model (a copy of the wrapper would have `module.` keys, and the
+    update would fail with KeyError), and the save reaches `.module` only where there is
+    one: both checkpoints have the original's keys."""
+    pytest.importorskip("torch")
+    original, converted = tmp_path / "original", tmp_path / "converted"
+    shutil.copytree(PROJECTS / "ema_copy_helper" / "before", original)
+    shutil.copytree(PROJECTS / "ema_copy_helper" / "after", converted)
+    before, after = _checkpoint_keys(original), _checkpoint_keys(converted)
+    assert after == before
+    assert set(after) == {"ema.pt:", "last.pt:"} and "module." not in after["ema.pt:"]
 
 
 def _type_tests_out(source: str) -> tuple[str, Plan]:
