@@ -477,7 +477,8 @@ def _handed_in(tree: Tree, wrappers: set[str]) -> tuple[dict[str, set[str]], dic
         for call in view.calls_to(DDP, DATA_PARALLEL)
     ]
     wrapped: dict[str, set[str]] = {}
-    other: dict[str, set[str]] = {}
+    spellings: dict[str, set[str | None]] = {}  # how the calls handing a wrapper name it
+    others = []
     for call in view.find(cst.Call):
         called = _called_function(call, functions, constructors)
         if called is None:
@@ -492,10 +493,22 @@ def _handed_in(tree: Tree, wrappers: set[str]) -> tuple[dict[str, set[str]], dic
             else:
                 continue
             name = dotted(arg.value)
-            handed_a_wrapper = name in wrappers and not _before_its_wrap(view, call, name, wraps)
-            found = wrapped if handed_a_wrapper else other
-            found.setdefault(func.name.value, set()).add(param)
+            if name in wrappers and not _before_its_wrap(view, call, name, wraps):
+                wrapped.setdefault(func.name.value, set()).add(param)
+                spellings.setdefault(func.name.value, set()).add(_callee_key(view, call))
+            else:
+                others.append((call, func.name.value, param))
+    other: dict[str, set[str]] = {}
+    for call, function, param in others:
+        # Matched by last name: `torch.save(state, path)` is not the project's `save`.
+        key = _callee_key(view, call)
+        if view.qualify(call.func) is None or key in spellings.get(function, ()):
+            other.setdefault(function, set()).add(param)
     return wrapped, other
+
+
+def _callee_key(view, call: cst.Call) -> str | None:
+    return view.qualify(call.func) or dotted(call.func)
 
 
 def _called_function(call: cst.Call, functions, constructors):
