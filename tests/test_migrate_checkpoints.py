@@ -268,3 +268,41 @@ def test_tests_that_accept_ddp_or_decide_no_unwrap_are_left_alone(body):
     )
     out, plan = _type_tests_out(source)
     assert out == source and not plan.changes
+
+
+REWRAPS = """\
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def copy_for_eval(model):
+    if isinstance(model, nn.DataParallel):
+        inner = type(model.module)()
+        inner.load_state_dict(model.module.state_dict())
+        return nn.DataParallel(inner)
+    fresh = type(model)()
+    fresh.load_state_dict(model.state_dict())
+    return fresh
+
+
+def main(model):
+    model = DDP(model)
+    CALL
+"""
+
+
+def test_a_test_whose_branch_builds_a_dataparallel_again_is_left_to_a_human():
+    """Widened, the DDP wrapper would become a DataParallel copy; as written it takes the
+    other branch, which rebuilds `type(model)` (DDP): a human must make that unwrap."""
+    source = REWRAPS.replace("CALL", "return copy_for_eval(model)")
+    out, plan = _type_tests_out(source)
+    assert out == source and not plan.changes
+    (item,) = plan.human
+    assert "builds a DataParallel again" in item.why
+    assert "if isinstance(model, nn.DataParallel):" in (item.anchor or "")
+
+
+def test_dataparallel_code_no_wrapper_reaches_needs_no_one():
+    source = REWRAPS.replace("CALL", "return model")
+    out, plan = _type_tests_out(source)
+    assert out == source and not plan.changes and not plan.human

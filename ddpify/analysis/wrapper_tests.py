@@ -79,30 +79,46 @@ def data_parallel_test(
     return DataParallelTest(call, call.args[0].value, classes)
 
 
+# What the `if` a test decides does with the tested model (`decided_by`).
+UNWRAP = "unwrap"  # reads `<tested>.module`
+REWRAP = "rewrap"  # and builds a DataParallel again: DataParallel's own code
+
+
 def skips_unwrap_under_ddp(
     test: DataParallelTest, ancestors: Sequence[cst.CSTNode], qualify: Qualify
 ) -> bool:
     """Whether the unwrap the test decides is skipped for a DDP wrapper: it decides one,
     and nothing beside it in its `or` chain accepts DDP. `ancestors`: the call's, from
     the module down, the call excluded."""
-    return guards_unwrap(test, ancestors) and not covered_beside(test, ancestors, qualify)
+    return decided_by(test, ancestors) == UNWRAP and not covered_beside(test, ancestors, qualify)
 
 
-def guards_unwrap(test: DataParallelTest, ancestors: Sequence[cst.CSTNode]) -> bool:
-    """Whether the test decides an unwrap: the `if` (or conditional expression) it is the
-    condition of reads `<tested>.module` in one of its branches. An `assert isinstance(...)`
-    or a test of a loss module that only changes how a value is reduced is not an unwrap."""
+def rewraps_under_ddp(
+    test: DataParallelTest, ancestors: Sequence[cst.CSTNode], qualify: Qualify
+) -> bool:
+    """Whether the test decides DataParallel's own code (its branch wraps the module in a
+    DataParallel again, a sync-BatchNorm `convert_model`, an EMA's `ema_copy`): a DDP
+    wrapper must not go through it, and takes the other branch, written for a plain
+    model. Widening the test is wrong there; a human must look."""
+    return decided_by(test, ancestors) == REWRAP and not covered_beside(test, ancestors, qualify)
+
+
+def decided_by(test: DataParallelTest, ancestors: Sequence[cst.CSTNode]) -> str | None:
+    """UNWRAP when the `if` (or conditional expression) the test is the condition of
+    reads `<tested>.module` in one of its branches, REWRAP when that branch also builds a
+    DataParallel, else None: an `assert isinstance(...)`, or a test of a loss module that
+    only changes how a value is reduced, decides no unwrap."""
     tested = dotted(test.tested)
     if tested is None:
-        return False
+        return None
     for node in reversed(ancestors):
         if type(node) in (cst.If, cst.IfExp):
             branches = [node.body, node.orelse]
             break
         if type(node) not in (cst.BooleanOperation, cst.UnaryOperation):
-            return False
+            return None
     else:
-        return False
+        return None
     unwraps, rewraps = [], []
 
     def enter(node: cst.CSTNode) -> None:
@@ -115,13 +131,13 @@ def guards_unwrap(test: DataParallelTest, ancestors: Sequence[cst.CSTNode]) -> b
     for branch in branches:
         if branch is not None:
             walk(branch, enter, lambda node: None)
-    return bool(unwraps) and not rewraps
+    if not unwraps:
+        return None
+    return REWRAP if rewraps else UNWRAP
 
 
 def _builds_data_parallel(call: cst.Call) -> bool:
-    """`DataParallel(...)`, `DataParallelWithCallback(...)`: a branch that wraps the
-    module in a DataParallel again is DataParallel's own code (a sync-BatchNorm package's
-    `convert_model`), which a DDP wrapper must not go through."""
+    """`DataParallel(...)`, `DataParallelWithCallback(...)`, a subclass by its name."""
     short = (dotted(call.func) or "").rsplit(".", 1)[-1]
     return "DataParallel" in short and "Distributed" not in short
 

@@ -10,10 +10,17 @@ wrappers; a module that imports nothing DDP can be named by gets it imported.
 
 from __future__ import annotations
 
-from ddpify.analysis.roles import data_parallel_subclasses
+from ddpify.analysis.names import dotted
+from ddpify.analysis.roles import data_parallel_subclasses, wrapper_receivers
 from ddpify.analysis.tree import Tree
-from ddpify.analysis.wrapper_tests import DDP, data_parallel_test, skips_unwrap_under_ddp
-from ddpify.migrate.analyze import Plan
+from ddpify.analysis.wrapper_tests import (
+    DDP,
+    DataParallelTest,
+    data_parallel_test,
+    rewraps_under_ddp,
+    skips_unwrap_under_ddp,
+)
+from ddpify.migrate.analyze import Plan, bound_target
 from ddpify.migrate.edits import Edits
 
 NAME = "wrap"
@@ -28,9 +35,18 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if path != "isinstance":
             continue
         test = data_parallel_test(call, tree.qualify, subclasses)
-        if test is None or not skips_unwrap_under_ddp(
-            test, tree.ancestors(call)[:-1], tree.qualify
-        ):
+        if test is None:
+            continue
+        ancestors = tree.ancestors(call)[:-1]
+        if rewraps_under_ddp(test, ancestors, tree.qualify) and _handed_a_wrapper(tree, test):
+            plan.needs_human(
+                "this tests for DataParallel and its branch builds a DataParallel again, so "
+                "the DDP wrapper takes the other branch, written for a plain model; make that "
+                "branch unwrap `.module` first",
+                tree.code(tree.statement(call)),
+            )
+            continue
+        if not skips_unwrap_under_ddp(test, ancestors, tree.qualify):
             continue
         ddp = _ddp_spelling(tree, plan)
         widened = test.widened(ddp)
@@ -44,6 +60,19 @@ def run(tree: Tree, plan: Plan) -> Edits:
             "DDP036",
         )
     return edits
+
+
+def _handed_a_wrapper(tree: Tree, test: DataParallelTest) -> bool:
+    """Whether the tested name holds a DDP wrapper, or is a parameter of a function some
+    call hands one (a `convert_model` the project only ever gives a plain model is not
+    reached by a wrapper, so its DataParallel branch needs no one's attention)."""
+    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)} - {None}
+    tested = dotted(test.tested)
+    function = tree.function(test.call)
+    if function is None or tested not in [p.name.value for p in function.params.params]:
+        return tested in names
+    receivers = wrapper_receivers(tree, names)  # type: ignore[arg-type]
+    return tested in receivers.get(function.name.value, ())
 
 
 def _ddp_spelling(tree: Tree, plan: Plan) -> str:
