@@ -18,7 +18,7 @@ import libcst as cst
 import pytest
 
 from ddpify.analysis.tree import Tree
-from ddpify.migrate import migrate_source, unwrap
+from ddpify.migrate import migrate_source, type_tests, unwrap
 from ddpify.migrate.analyze import Options, Plan, Shape
 from tests.helpers import FIXTURES
 
@@ -133,3 +133,176 @@ def test_a_copy_of_a_model_wrapped_on_one_path_only_unwraps_where_it_is_wrapped(
     # Already through `.module`: a second run changes nothing.
     again = Tree(cst.parse_module(out), out)
     assert not unwrap.run(again, Plan(Shape.SINGLE, Options()))
+
+
+# -- tests for DataParallel (migrate/type_tests.py) --------------------------------------
+
+# Runs a project's train.py in one process on the CPU, then prints the keys of the
+# checkpoint it wrote.
+RUN_AND_LIST_KEYS = """
+import os, runpy, sys
+import torch
+
+folder = sys.argv[1]
+sys.path.insert(0, folder)
+os.chdir(folder)
+sys.argv = ["train.py", "--epochs", "1"]
+runpy.run_path("train.py", run_name="__main__")
+for name in sorted(os.listdir("checkpoints")):
+    state = torch.load(os.path.join("checkpoints", name))
+    for part, value in (state.items() if "model" in state else [("", state)]):
+        print(f"{name}:{part}", sorted(value))
+"""
+
+
+def _checkpoint_keys(folder) -> dict[str, str]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_AND_LIST_KEYS, str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " [" in line)
+
+
+@pytest.mark.torchrun
+def test_isinstance_unwraps_keep_the_originals_checkpoint_and_ema_keys(tmp_path):
+    """ema_dataparallel unwraps with `isinstance(model, nn.DataParallel)` in its EMA helper
+    and its save helper. The converted model is a DDP wrapper on every path: its tests
+    also name DDP, so the checkpoint and the EMA hold the original's keys, not `module.`."""
+    pytest.importorskip("torch")
+    original, converted = tmp_path / "original", tmp_path / "converted"
+    shutil.copytree(PROJECTS / "ema_dataparallel" / "before", original)
+    shutil.copytree(PROJECTS / "ema_dataparallel" / "after", converted)
+    before, after = _checkpoint_keys(original), _checkpoint_keys(converted)
+    assert after == before
+    assert "module." not in after["last.pt:model"] and "body.0.weight" in after["last.pt:ema"]
+
+
+@pytest.mark.torchrun
+def test_an_ema_helper_handed_the_wrapper_copies_and_reads_the_model(tmp_path):
+    """ema_copy_helper's `ModelEMA(model)` deep-copies what it is given and reads
+    `model.state_dict()` by key at each update; one save helper writes both the EMA copy
+    (a plain module) and the trained model. Converted, the copy and the reads both go
+    through the plain model (a copy of the wrapper would have `module.` keys, and the
+    update would fail with KeyError), and the save reaches `.module` only where there is
+    one: both checkpoints have the original's keys."""
+    pytest.importorskip("torch")
+    original, converted = tmp_path / "original", tmp_path / "converted"
+    shutil.copytree(PROJECTS / "ema_copy_helper" / "before", original)
+    shutil.copytree(PROJECTS / "ema_copy_helper" / "after", converted)
+    before, after = _checkpoint_keys(original), _checkpoint_keys(converted)
+    assert after == before
+    assert set(after) == {"ema.pt:", "last.pt:"} and "module." not in after["ema.pt:"]
+
+
+def _type_tests_out(source: str) -> tuple[str, Plan]:
+    module = cst.parse_module(source)
+    tree = Tree(module, source)
+    plan = Plan(Shape.DATA_PARALLEL, Options())
+    edits = type_tests.run(tree, plan)
+    return edits.apply(module, tree.parent).code, plan
+
+
+TYPE_TESTS = """\
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def unwrap(model):
+    if isinstance(model, torch.nn.DataParallel):
+        return model.module
+    return model.module if isinstance(model, (nn.Sequential, nn.DataParallel)) else model
+"""
+
+
+def test_a_test_for_dataparallel_also_names_the_modules_own_ddp():
+    out, plan = _type_tests_out(TYPE_TESTS)
+    assert "if isinstance(model, (torch.nn.DataParallel, DistributedDataParallel)):" in out
+    assert "isinstance(model, (nn.Sequential, nn.DataParallel, DistributedDataParallel))" in out
+    assert [change.code for change in plan.changes] == ["DDP036", "DDP036"]
+    assert "ddp" not in plan.needs  # the module's own import names it
+    again, plan = _type_tests_out(out)
+    assert again == out and not plan.changes
+
+
+def test_a_module_without_a_ddp_import_gets_one_through_the_imports_pass():
+    out, plan = _type_tests_out(
+        "import torch.nn as nn\n\ndef bare(m):\n"
+        "    return m.module if isinstance(m, nn.DataParallel) else m\n"
+    )
+    assert "return m.module if isinstance(m, (nn.DataParallel, DDP)) else m" in out
+    assert "ddp" in plan.needs
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return model.module if isinstance(model, (nn.DataParallel, DistributedDataParallel)) "
+        "else model",
+        "if isinstance(model, nn.DataParallel) or isinstance(model, DistributedDataParallel):\n"
+        "        return model.module",
+        "return model.module if isinstance(model, nn.DataParallel) or hasattr(model, 'module') "
+        "else model",
+        "return model.module if isinstance(model, nn.Linear) else model",
+        "return model.module if isinstance(model, (*wrappers, nn.DataParallel)) else model",
+        # a type check, and a reduction of a loss module's gathered values: no unwrap
+        "assert isinstance(model, nn.DataParallel)",
+        "return loss.mean() if isinstance(model, nn.DataParallel) else loss",
+        # DataParallel's own code: the branch wraps the module in a DataParallel again
+        "if isinstance(model, nn.DataParallel):\n"
+        "        return DataParallelWithCallback(convert(model.module))",
+    ],
+)
+def test_tests_that_accept_ddp_or_decide_no_unwrap_are_left_alone(body):
+    source = (
+        "import torch.nn as nn\n"
+        "from torch.nn.parallel import DistributedDataParallel\n\n"
+        f"def plain(model, wrappers, loss):\n    {body}\n"
+    )
+    out, plan = _type_tests_out(source)
+    assert out == source and not plan.changes
+
+
+REWRAPS = """\
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def copy_for_eval(model):
+    if isinstance(model, nn.DataParallel):
+        inner = type(model.module)()
+        inner.load_state_dict(model.module.state_dict())
+        return nn.DataParallel(inner)
+    fresh = type(model)()
+    fresh.load_state_dict(model.state_dict())
+    return fresh
+
+
+def main(model):
+    model = DDP(model)
+    CALL
+"""
+
+
+def test_a_test_whose_branch_builds_a_dataparallel_again_is_left_to_a_human():
+    """Widened, the DDP wrapper would become a DataParallel copy; as written it takes the
+    other branch, which rebuilds `type(model)` (DDP): a human must make that unwrap."""
+    source = REWRAPS.replace("CALL", "return copy_for_eval(model)")
+    out, plan = _type_tests_out(source)
+    assert out == source and not plan.changes
+    (item,) = plan.human
+    assert "builds a DataParallel again" in item.why
+    assert "if isinstance(model, nn.DataParallel):" in (item.anchor or "")
+
+
+def test_dataparallel_code_no_wrapper_reaches_needs_no_one():
+    source = REWRAPS.replace("CALL", "return model")
+    out, plan = _type_tests_out(source)
+    assert out == source and not plan.changes and not plan.human

@@ -451,6 +451,24 @@ def wrapper_receivers(tree: Tree, wrappers: set[str]) -> dict[str, set[str]]:
     DataParallel(self.model)` converts the plain module). By function, unlike
     `propagate`: a parameter `module` of one helper says nothing of another helper's
     `module` (a forward hook's)."""
+    return _handed_in(tree, wrappers)[0]
+
+
+def mixed_receivers(tree: Tree, wrappers: set[str]) -> dict[str, set[str]]:
+    """Of `wrapper_receivers`' parameters, those another call fills with something else
+    (`save_weights(ema.model, path)` beside `save_weights(model, path)`): `.module` exists
+    on some calls only, so the helper must reach the model as `getattr(p, "module", p)`."""
+    wrapped, other = _handed_in(tree, wrappers)
+    return {
+        function: params & other[function]
+        for function, params in wrapped.items()
+        if params & other.get(function, set())
+    }
+
+
+def _handed_in(tree: Tree, wrappers: set[str]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Function name -> the parameters calls fill with a wrapper, and -> those calls fill
+    with anything else."""
     view = tree.view
     functions = view.functions()
     constructors = _constructors(view)
@@ -458,7 +476,9 @@ def wrapper_receivers(tree: Tree, wrappers: set[str]) -> dict[str, set[str]]:
         (bound_target(tree, call), view.statement(call))
         for call in view.calls_to(DDP, DATA_PARALLEL)
     ]
-    found: dict[str, set[str]] = {}
+    wrapped: dict[str, set[str]] = {}
+    spellings: dict[str, set[str | None]] = {}  # how the calls handing a wrapper name it
+    others = []
     for call in view.find(cst.Call):
         called = _called_function(call, functions, constructors)
         if called is None:
@@ -466,14 +486,29 @@ def wrapper_receivers(tree: Tree, wrappers: set[str]) -> dict[str, set[str]]:
         func, params = called
         positional = [a for a in call.args if a.keyword is None and not a.star]
         for arg in call.args:
-            name = dotted(arg.value)
-            if name not in wrappers or _before_its_wrap(view, call, name, wraps):
-                continue
             if arg.keyword is not None:
-                found.setdefault(func.name.value, set()).add(arg.keyword.value)
+                param = arg.keyword.value
             elif arg in positional and positional.index(arg) < len(params):
-                found.setdefault(func.name.value, set()).add(params[positional.index(arg)])
-    return found
+                param = params[positional.index(arg)]
+            else:
+                continue
+            name = dotted(arg.value)
+            if name in wrappers and not _before_its_wrap(view, call, name, wraps):
+                wrapped.setdefault(func.name.value, set()).add(param)
+                spellings.setdefault(func.name.value, set()).add(_callee_key(view, call))
+            else:
+                others.append((call, func.name.value, param))
+    other: dict[str, set[str]] = {}
+    for call, function, param in others:
+        # Matched by last name: `torch.save(state, path)` is not the project's `save`.
+        key = _callee_key(view, call)
+        if view.qualify(call.func) is None or key in spellings.get(function, ()):
+            other.setdefault(function, set()).add(param)
+    return wrapped, other
+
+
+def _callee_key(view, call: cst.Call) -> str | None:
+    return view.qualify(call.func) or dotted(call.func)
 
 
 def _called_function(call: cst.Call, functions, constructors):

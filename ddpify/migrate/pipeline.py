@@ -34,6 +34,7 @@ from ddpify.migrate import (
     imports,
     rank_zero,
     shared_dirs,
+    type_tests,
     unwrap,
     wrap,
 )
@@ -47,6 +48,7 @@ PASSES: list[Pass] = [
     (entrypoint.NAME, entrypoint.run),
     (device.NAME, device.run),
     (wrap.NAME, wrap.run),
+    (type_tests.NAME, type_tests.run),
     (data.NAME, data.run),
     (amp.NAME, amp.run),
     (rank_zero.NAME, rank_zero.run),

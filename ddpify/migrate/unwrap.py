@@ -20,10 +20,11 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap, dotted
+from ddpify.analysis.roles import mixed_receivers, wrapper_receivers
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.wrappers import DDP, Place, WrapperFacts
 from ddpify.migrate import snippets
-from ddpify.migrate.analyze import Plan
+from ddpify.migrate.analyze import Plan, bound_target
 from ddpify.migrate.edits import Edits
 from ddpify.walk import walk
 
@@ -37,6 +38,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         return edits
     if tree.calls_to("copy.deepcopy"):
         _copies_of_wrappers(tree, plan, edits)
+        _copies_in_receivers(tree, plan, edits)
     if "getattr(" in tree.text:
         _networks_fetched_by_name(tree, plan, edits)
     return edits
@@ -61,6 +63,37 @@ def _copies_of_wrappers(tree: Tree, plan: Plan, edits: Edits) -> None:
             NAME,
             f"the copy of {name} made after its DDP wrap copies the model, not the wrapper "
             "(its state_dict keys keep no `module.` prefix)",
+            plain,
+            "DDP051",
+        )
+
+
+def _copies_in_receivers(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """`copy.deepcopy(model)` in a helper that some call hands the wrapper (an EMA class
+    of another module, `ModelEMA(model)`): the copy is of the model, like the state the
+    wrap pass already reads through `.module` in such helpers, so the two keep the same
+    keys (a copy of the wrapper has `module.` ones and is a DDP wrapper itself)."""
+    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)} - {None}
+    receivers = wrapper_receivers(tree, names)  # type: ignore[arg-type]
+    if not receivers:
+        return
+    mixed = mixed_receivers(tree, names)  # type: ignore[arg-type]
+    for call in tree.calls_to("copy.deepcopy"):
+        function = tree.function(call)
+        copied = dotted(call.args[0].value) if call.args else None
+        if function is None or copied not in receivers.get(function.name.value, ()):
+            continue
+        if copied not in [p.name.value for p in function.params.params]:
+            continue
+        if copied in mixed.get(function.name.value, ()):
+            plain = f'getattr({copied}, "module", {copied})'
+        else:
+            plain = f"{copied}.module"
+        edits.replace(call.args[0].value, snippets.expression(plain))
+        plan.change(
+            NAME,
+            f"the copy of {copied}, which a caller hands the DDP wrapper, copies the model, "
+            "not the wrapper (its state_dict keys keep no `module.` prefix)",
             plain,
             "DDP051",
         )

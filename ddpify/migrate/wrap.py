@@ -26,6 +26,7 @@ from ddpify.analysis.roles import (
     data_parallel_subclasses,
     keyed_collection_owners,
     keys_loop,
+    mixed_receivers,
     project_optimizer_calls,
     ranged_collection,
     returned_into_trained,
@@ -1410,16 +1411,24 @@ def _note_wrapped_on_some_paths(
 
 
 def _read_through_module(
-    tree: Tree, plan: Plan, edits: Edits, attr: cst.Attribute, shown: str
+    tree: Tree,
+    plan: Plan,
+    edits: Edits,
+    attr: cst.Attribute,
+    shown: str,
+    maybe_wrapped: bool = False,
 ) -> str:
-    """`x.state_dict` -> `x.module.state_dict` on a DDP wrapper `x`, and the report line;
-    the code of the pitfall it avoids."""
-    edits.replace(attr.value, snippets.expression(f"{tree.code(attr.value)}.module"))
+    """`x.state_dict` -> `x.module.state_dict` on a DDP wrapper `x` (`getattr(x, "module",
+    x).state_dict` where `x` is a wrapper on some calls only), and the report line; the
+    code of the pitfall it avoids."""
+    value = tree.code(attr.value)
+    through = f'getattr({value}, "module", {value})' if maybe_wrapped else f"{value}.module"
+    edits.replace(attr.value, snippets.expression(through))
     code = "DDP051" if attr.attr.value in ("state_dict", "load_state_dict") else "DDP032"
     plan.change(
         NAME,
-        f"{shown}.{attr.attr.value} -> {shown}.module.{attr.attr.value}",
-        f".module.{attr.attr.value}",
+        f"{shown}.{attr.attr.value} -> {through.replace(value, shown)}.{attr.attr.value}",
+        f"{through}.{attr.attr.value}",
         code,
     )
     return code
@@ -1428,7 +1437,11 @@ def _read_through_module(
 def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
     """A helper module's functions handed the wrapped model (`save(model, path)` called
     from the entry script) reach its attributes through `.module` too."""
-    helpers = wrapper_receivers(tree, _wrapper_names(tree, plan))
+    names = _wrapper_names(tree, plan)
+    helpers = wrapper_receivers(tree, names)
+    # A parameter other calls fill with a plain model (`save(ema.model, path)`) has no
+    # `.module` there: it is reached as `getattr(p, "module", p)`.
+    mixed = mixed_receivers(tree, names) if helpers else {}
     for attr in tree.find(cst.Attribute):
         receiver = dotted(attr.value)
         func = tree.function(attr)
@@ -1440,7 +1453,8 @@ def _received_from_other_modules(tree: Tree, plan: Plan, edits: Edits) -> None:
             continue
         if _is_call_target_of_wrapper(tree, attr):
             continue
-        _read_through_module(tree, plan, edits, attr, receiver)
+        plain = receiver in mixed.get(func.name.value, ())
+        _read_through_module(tree, plan, edits, attr, receiver, maybe_wrapped=plain)
 
 
 def _wrapper_names(tree: Tree, plan: Plan) -> set[str]:

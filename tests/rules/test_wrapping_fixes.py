@@ -199,3 +199,30 @@ def test_optimizer_factory_gets_the_inner_model():
     assert fixed.endswith(
         "opt = create_optimizer_v2(model.module, opt='adamw', weight_decay=0.05)\n"
     )
+
+
+# -- DDP036 isinstance-dataparallel-only: also accept DDP (safe) ----------------------------
+
+
+def test_a_test_for_dataparallel_also_accepts_the_files_ddp():
+    before = src(
+        """
+        model = DDP(nn.Linear(2, 2))
+        net = model.module if isinstance(model, nn.DataParallel) else model
+        """
+    )
+    fixed = fix_cleanly(before, "DDP036")
+    assert fixed.endswith(
+        "net = model.module if isinstance(model, (nn.DataParallel, DDP)) else model\n"
+    )
+
+
+def test_a_file_without_a_name_for_ddp_gets_no_fix():
+    source = (
+        "import torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+        "dist.init_process_group('nccl')\n"
+        "model = torch.nn.parallel.DistributedDataParallel(nn.Linear(2, 2).cuda())\n"
+        "net = model.module if isinstance(model, nn.DataParallel) else model\n"
+    )
+    assert [d.code for d in lint(source, ["DDP036"])] == ["DDP036"]
+    assert not fix_offered(source, "DDP036")

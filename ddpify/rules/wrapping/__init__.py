@@ -6,6 +6,7 @@ from ddpify.rules.wrapping.ddp032_wrapper_attribute_access import WrapperAttribu
 from ddpify.rules.wrapping.ddp033_bypass_wrapper_forward import BypassWrapperForward
 from ddpify.rules.wrapping.ddp034_unused_parameters import UnusedParameters
 from ddpify.rules.wrapping.ddp035_compile_order import CompileOrder
+from ddpify.rules.wrapping.ddp036_dataparallel_only_test import DataParallelOnlyTest
 
 RULES: list[type[Rule]] = [
     DdpWrapArgs,
@@ -15,4 +16,5 @@ RULES: list[type[Rule]] = [
     BypassWrapperForward,
     UnusedParameters,
     CompileOrder,
+    DataParallelOnlyTest,
 ]
