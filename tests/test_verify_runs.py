@@ -81,6 +81,12 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
     for case, converted, *_ in PER_RANK_MATCHES + PER_RANK_BUGS:
         folder = VERIFY / case
         pairs[f"{case}/{converted}"] = (folder / "original.py", folder / converted, {})
+    points = VERIFY / "point_subsample"
+    pairs["numpy seeded by rank"] = (
+        points / "original.py",
+        points / "bug_numpy_seed_per_rank.py",
+        {},
+    )
     stream = VERIFY / "token_stream"
     pairs["unsharded stream"] = (stream / "original.py", stream / "bug_stream_not_sharded.py", {})
     mixup = {"script_args": ["--mixup"]}
@@ -182,6 +188,10 @@ OWN_FIXTURES = [
     ("amp_clip", "DDP044 at line 47: scaler.unscale_() before gradient clipping"),
     ("augment", "random augmentation drawn per sample from a seed of its index: aligned"),
     ("toy_stream", "each process took its block of the same batch"),
+    # numpy's global permutation drawn inside the step (random point subsets): made whole
+    ("point_subsample", "3 numpy permutation(s) or shuffle(s) made whole on every process"),
+    # `torch.randn(num_outs, 1, z)` at a per-process batch of 1: the literal 1 is no batch
+    ("style_codes", "made whole on every process, as the original drew them"),
 ]
 
 
@@ -331,6 +341,15 @@ def test_a_stream_every_rank_reads_whole_is_never_a_match(batched):
     result = batched("cpu")["unsharded stream"]
     assert result.verdict != "match", result.message
     assert any("an IterableDataset decides its own order" in r for r in result.inconclusive)
+
+
+@in_batch
+def test_numpy_draws_from_a_generator_seeded_by_rank_are_never_a_match(batched):
+    """Each rank seeds numpy with its rank: its permutations are other numbers than the
+    original's, which the state check at each draw says instead of comparing."""
+    result = batched("cpu")["numpy seeded by rank"]
+    assert result.verdict == "inconclusive", result.message
+    assert any("at draw 1 (permutation)" in reason for reason in result.inconclusive)
 
 
 @in_batch

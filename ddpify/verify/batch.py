@@ -33,6 +33,7 @@ from ddpify.verify.runner import (
     Session,
     new_result,
     preflight,
+    replace_result,
 )
 
 PROBE_BATCH = Path(__file__).resolve().with_name("probe_batch.py")
@@ -142,8 +143,32 @@ def _verify_group(group: list[_Pending], nproc: int, batch_dir: Path) -> list[Ve
         o, session = item.options, item.session
         if not item.failed:
             session.judge(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
+    _follow_original_draws(group, nproc, batch_dir)
     _judge_per_rank(group, nproc, batch_dir)
     return [item.session.result for item in group]
+
+
+def _follow_original_draws(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
+    """The converted runs that sliced a draw the original made whole, again following the
+    original's draws (Session.follows_original_draws), in one more launch; then judged."""
+    again = [i for i in group if not i.failed and i.session.follows_original_draws(nproc)]
+    firsts = {}
+    for item in again:
+        item.script, config = item.session.converted_again(
+            item.job.converted, item.options["converted_source"]
+        )
+        item.config_path = item.session.write_config("converted", config)
+        firsts[item.index] = item.session.result
+    for item, outcome in zip(again, _launch(again, "converted", nproc, batch_dir, "again")):
+        o, session = item.options, item.session
+        try:
+            session.settle("converted", outcome)
+            session.result = replace_result(session.result, session.run_notes)
+            item.first_rank = session.converted_records(outcome, nproc)[0]
+        except CouldNotRun as exc:
+            session.again_failed(firsts[item.index], exc)
+            continue
+        session.judge(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
 
 
 def _judge_per_rank(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
@@ -203,8 +228,9 @@ def _could_not_run(item: _Pending, exc: CouldNotRun) -> bool:
     return False
 
 
-def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path):
-    """One launch of probe_batch.py for the `role` side of `items`; their outcomes."""
+def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path, label=""):
+    """One launch of probe_batch.py for the `role` side of `items`; their outcomes. `label`
+    names the files of a second launch of the same role."""
     if not items:
         return []
     ranks = nproc or 1
@@ -219,11 +245,11 @@ def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path
                 "cwd": str(session.cwd),
                 "env": session.extra_env,
                 "timeout": session.timeout,
-                "log": str(session.work / f"{role}.log"),
-                "status": str(batch_dir / f"{role}-{nproc}-{number}.status"),
+                "log": str(session.work / f"{role}{label}.log"),
+                "status": str(batch_dir / f"{role}{label}-{nproc}-{number}.status"),
             }
         )
-    manifest = batch_dir / f"{role}-{nproc}.json"
+    manifest = batch_dir / f"{role}{label}-{nproc}.json"
     manifest.write_text(json.dumps(runs), encoding="utf-8")
     command = [sys.executable, str(PROBE_BATCH), str(manifest)]
     if nproc is not None:
@@ -233,8 +259,8 @@ def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path
         command,
         probe_environment(manifest, {}),
         batch_dir,
-        batch_dir / f"{role}-{nproc}.log",
-        batch_dir / f"{role}-{nproc}-pids",
+        batch_dir / f"{role}{label}-{nproc}.log",
+        batch_dir / f"{role}{label}-{nproc}-pids",
         sum(run["timeout"] for run in runs) + LAUNCH_SLACK_SECONDS,
     )
     return [_outcome(run, ranks, whole) for run in runs]

@@ -89,6 +89,14 @@ def run_verify(
             return result
         torch_import.join()
         session.judge(nproc, steps, batch_policy, rtol, atol)
+        if session.follows_original_draws(nproc):
+            script_again, config_again = session.converted_again(converted, converted_source)
+            first = session.result
+            try:
+                session.run_converted_again(script_again, config_again, nproc)
+            except CouldNotRun as exc:
+                return session.again_failed(first, exc)
+            session.judge(nproc, steps, batch_policy, rtol, atol)
         if not session.wants_reference(nproc):
             return session.result
         config = session.reference_config(original, conv[0], nproc, steps, batch_policy, lr_scale)
@@ -139,6 +147,9 @@ class Session:
         self.comparison: Comparison | None = None  # with the one-process original
         self.converted: list[dict] = []  # the converted run's records, once judged
         self.run_notes: list[str] = []  # the notes about the runs, not the comparison
+        self.original: dict | None = None  # the original's record, once judged
+        # The original's draws ([kind, shape]) the converted run followed when run again.
+        self.original_draws: list | None = None
 
     def choose_device(self, nproc: int) -> None:
         """A GPU per process: as the script decides (nccl). Fewer: the ranks share them over
@@ -196,6 +207,46 @@ class Session:
         }
         return script, config
 
+    def follows_original_draws(self, nproc: int) -> bool:
+        """Whether to run the converted script again, following the original's draws: its
+        ranks sliced a draw the original made at one rank's shape (a dimension that only
+        equalled the per-process batch, `randn(n, 1, z)` with a batch of 1), and nothing
+        else is a mismatch. Once only."""
+        comparison = self.comparison
+        if nproc < 2 or comparison is None or self.original_draws is not None:
+            return False
+        return comparison.unsliced_in_original and not comparison.findings
+
+    def converted_again(self, converted, source) -> tuple[Path, dict]:
+        """The converted run's script and settings, following the original's draws; its
+        first records are put aside."""
+        assert self.original is not None
+        self.original_draws = [list(draw[:2]) for draw in self.original.get("draws", [])]
+        (self.work / "converted").rename(self.work / "converted-sliced")
+        script = self.work / "converted_source.py" if source is not None else converted
+        config = {
+            "role": "converted",
+            "steps": self.result.settings["steps"],
+            "nproc": self.result.settings["nproc"],
+            "display_path": str(converted.resolve()),
+            "original_draws": self.original_draws,
+        }
+        return script, config
+
+    def run_converted_again(self, script: Path, config: dict, nproc: int) -> None:
+        outcome = self.launch("converted", script, config, nproc)
+        self.result = replace_result(self.result, self.run_notes)
+        self.converted_records(outcome, nproc)
+
+    def again_failed(self, first: VerifyResult, exc: CouldNotRun) -> VerifyResult:
+        """The converted run following the original's draws could not run: the first
+        comparison stands (inconclusive), saying so."""
+        first.notes.append(
+            f"running the converted script again, following the original's draws, failed: {exc}"
+        )
+        self.result = first
+        return first
+
     def converted_records(self, outcome: RunOutcome, nproc: int) -> list[dict]:
         self.result.converted_output = outcome.output
         return self.records("converted", outcome, nproc, self.result.settings["steps"])
@@ -234,6 +285,8 @@ class Session:
             **config,
             "role": "reference",
             "converted_sync_bn": synced,
+            # draws the converted run made whole, as the original did (follows_original_draws)
+            "original_draws": self.original_draws,
         }
 
     def run_reference(self, script: Path, config: dict, nproc: int) -> None:
@@ -301,7 +354,7 @@ class Session:
 
     def judge(self, nproc, steps, batch_policy, rtol, atol) -> VerifyResult:
         """Compare the two runs' records and conclude (both runs are done)."""
-        orig = self.load("original", 1)[0]
+        self.original = orig = self.load("original", 1)[0]
         self.converted = conv = self.load("converted", nproc)
         comparison = compare_runs(orig, conv, nproc, batch_policy, rtol, atol)
         self.comparison = comparison
