@@ -281,6 +281,15 @@ PER_RANK_MATCHES = [
         "random numbers drawn by a stream the conversion shards round-robin: aligned",
     ),
     (
+        "patch_nce",
+        "converted.py",
+        "rows of the batch regrouped by a batch-size setting",
+        "the loss groups the batch's rows by the configured batch size (`torch.bmm(feat_q, "
+        "feat_k.transpose(2, 1)) (converted.py:113)`)",
+        # the patch sampler's numpy permutation, drawn in the step, aligned in every run
+        "numpy permutation(s) or shuffle(s) made whole on every process",
+    ),
+    (
         "antithetic",
         "converted.py",
         "random draws could not be aligned",

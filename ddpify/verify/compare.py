@@ -378,6 +378,19 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
         )
         cause = f"each process compares only its own samples of the batch (`{compared}`)"
         result.by_design(reason, cause, against_reference, result.caveats)
+    grouped = any_flag("setting_grouping", converted)
+    if grouped:
+        reason = (
+            "rows of the batch regrouped by a batch-size setting, then compared within each "
+            f"group: `{grouped}` in the conversion; the one-process run takes N times the "
+            "per-process batch from its loader but keeps that setting, so it groups other "
+            "rows than the script does at any batch size"
+        )
+        cause = (
+            f"the loss groups the batch's rows by the configured batch size (`{grouped}`), "
+            "and one process given the whole batch keeps that setting at the per-process size"
+        )
+        result.by_design(reason, cause, against_reference, result.caveats)
     masked = any_flag("masked_mean", both)
     if masked and nproc > 1:
         reason = (

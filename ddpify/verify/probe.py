@@ -1558,14 +1558,16 @@ def project_mentions(script: str, mentions, files: ProjectFiles | None = None) -
 def project_batch_couplings(script: str, files: ProjectFiles | None = None) -> dict[str, str]:
     """The first of each kind of batch coupling (ddpify.analysis.batch_coupling) in the
     script or a local module it imports, as `code (file:line)`, by the probe's flag:
-    `batch_comparison` (a batch's rows compared with each other, a contrastive loss)."""
+    `batch_comparison` (a batch's rows compared with each other, a contrastive loss) and
+    `setting_grouping` (rows grouped by a batch-size setting, then compared). Each module
+    is parsed once."""
     import libcst as cst
     import libcst.metadata
 
-    from ddpify.analysis.batch_coupling import batch_comparisons
+    from ddpify.analysis.batch_coupling import batch_comparisons, setting_groupings
     from ddpify.analysis.tree import Tree
 
-    questions = {"batch_comparison": batch_comparisons}
+    questions = {"batch_comparison": batch_comparisons, "setting_grouping": setting_groupings}
     found: dict[str, str] = {}
     for path, text in (files or ProjectFiles(script)).modules() or []:
         try:
