@@ -192,6 +192,9 @@ OWN_FIXTURES = [
     ("point_subsample", "3 numpy permutation(s) or shuffle(s) made whole on every process"),
     # `torch.randn(num_outs, 1, z)` at a per-process batch of 1: the literal 1 is no batch
     ("style_codes", "made whole on every process, as the original drew them"),
+    # BatchNorm over raw readings (~1e5): float32 rounding of the synced statistics differs
+    # beyond the tolerance, float64 shows it is rounding (the precision check)
+    ("sensor_bn", "precision check: in float32 the one-process run differed"),
 ]
 
 

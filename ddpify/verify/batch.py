@@ -145,6 +145,7 @@ def _verify_group(group: list[_Pending], nproc: int, batch_dir: Path) -> list[Ve
             session.judge(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
     _follow_original_draws(group, nproc, batch_dir)
     _judge_per_rank(group, nproc, batch_dir)
+    _check_precision(group, nproc, batch_dir)
     return [item.session.result for item in group]
 
 
@@ -190,6 +191,43 @@ def _judge_per_rank(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
             session.reference_failed(exc)
             continue
         session.judge_reference(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
+
+
+def _check_precision(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
+    """The pairs whose conversion matched the per-rank reference while the one-process run
+    differed in gradients alone, both sides again in float64 (Session.wants_precision_check),
+    one more launch for each side; then their verdicts."""
+    wanting = [i for i in group if not i.failed and i.session.wants_precision_check()]
+    originals = {}
+    for item in wanting:  # item.script is the original as run, fixes applied
+        originals[item.index] = item.script
+        item.script, config = item.session.float64_converted(
+            item.job.converted, item.options["converted_source"]
+        )
+        item.config_path = item.session.write_config("converted", config)
+    ready = []
+    for item, outcome in zip(wanting, _launch(wanting, "converted", nproc, batch_dir, "64")):
+        session = item.session
+        try:
+            session.settle("converted", outcome)
+            steps = session.result.settings["steps"]
+            converted0 = session.records("converted", outcome, nproc, steps)[0]
+        except CouldNotRun as exc:
+            session.precision_failed(exc)
+            continue
+        item.script = originals[item.index]
+        config = session.float64_original(item.job.original, converted0, nproc)
+        item.config_path = session.write_config("original", config)
+        ready.append(item)
+    for item, outcome in zip(ready, _launch(ready, "original", None, batch_dir, "64")):
+        o, session = item.options, item.session
+        try:
+            session.settle("original", outcome)
+            session.records("original", outcome, 1, o["steps"])
+        except CouldNotRun as exc:
+            session.precision_failed(exc)
+            continue
+        session.judge_precision(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
 
 
 def _prepare_original(item: _Pending, nproc: int) -> bool:

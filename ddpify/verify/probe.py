@@ -8,6 +8,8 @@ What it does to the run (the same in both runs unless said otherwise):
 - seeds torch, random and numpy before the script starts (the script's own seeding still wins);
 - DataLoaders load in the main process (num_workers=0) so that data and random draws stay visible;
   the original's batch size is multiplied by N under the per-rank policy;
+- with `float64` in the settings (verify's precision check), the default dtype is float64
+  and every floating-point batch a DataLoader makes is cast to it;
 - RandomSampler and DistributedSampler(shuffle=True) draw from one canonical permutation per
   epoch, so the N ranks' step-i batches together are the original's step-i batch;
 - random draws in the training loop (`torch.randn(batch, z)`, `rand`, the `*_like` forms, the
@@ -174,6 +176,8 @@ class Probe:
         if self.role == "reference":
             self.reference = reference_rank(self)
         self.seed_everything()
+        if self.config.get("float64"):
+            self.run_in_float64()
         self.share_gpus()
         self.patch_data()
         self.draws.patch(self.torch)
@@ -186,6 +190,26 @@ class Probe:
         self.watch_adaptive_solvers()
         if self.role == "converted" and self.world > 1 and self.script_splits_batches:
             self.watch_block_splits()
+
+    # -- float64 ------------------------------------------------------------------------------
+
+    def run_in_float64(self) -> None:
+        """verify's precision check: the model the script builds and every floating-point
+        batch its loaders make are float64, so what float32 rounding made of the two runs
+        (sums in another order) shrinks a billionfold and what the code computes stays."""
+        self.torch.set_default_dtype(self.torch.float64)
+        self.flag("float64")
+
+    def in_float64(self, batch):
+        """`batch` with its floating-point tensors as float64 (lists, tuples, dicts kept)."""
+        torch = self.torch
+        if isinstance(batch, torch.Tensor):
+            return batch.double() if batch.is_floating_point() else batch
+        if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            return type(batch)(self.in_float64(item) for item in batch)
+        if isinstance(batch, dict):
+            return type(batch)((key, self.in_float64(value)) for key, value in batch.items())
+        return batch
 
     # -- adaptive ODE solvers ------------------------------------------------------------------
 
@@ -387,6 +411,8 @@ class Probe:
             unaligned = probe.loaders[loader].get("unaligned") if loader is not None else None
             if unaligned:
                 probe.flag("unaligned_sampler", unaligned)
+            if probe.config.get("float64"):
+                batch = probe.in_float64(batch)
             probe.note_batch(loader, batch)
             return batch
 
