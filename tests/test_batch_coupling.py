@@ -9,7 +9,7 @@ import textwrap
 import libcst as cst
 import pytest
 
-from ddpify.analysis.batch_coupling import batch_comparisons
+from ddpify.analysis.batch_coupling import batch_comparisons, setting_groupings
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import migrate_source
 
@@ -202,3 +202,51 @@ def test_migrate_says_nothing_of_a_loss_with_one_denominator(change):
     result = migrate_source(PADDED_TOKENS.replace(*change), "train_chars.py")
     assert result.migrated, result.reason
     assert not [item for item in result.needs_human if "ignore_index" in item.why]
+
+
+def groupings(body: str) -> list[str]:
+    source = "import torch\nimport torch.nn as nn\n\n" + textwrap.dedent(body)
+    tree = Tree(cst.parse_module(source))
+    return [tree.code(node) for node in setting_groupings(tree)]
+
+
+PATCH_NCE = """
+class PatchNCELoss(nn.Module):
+    def forward(self, feat_q, feat_k):
+        dim = feat_q.shape[1]
+        if self.opt.all_negatives:
+            group = 1
+        else:
+            group = {group}
+        feat_q = feat_q.view(group, -1, dim)
+        feat_k = feat_k.view(group, -1, dim)
+        return torch.bmm(feat_q, feat_k.transpose(2, 1))
+"""
+
+
+@pytest.mark.parametrize("group", ["self.opt.batch_size", "args.batch_size", 'cfg["batch_size"]'])
+def test_rows_grouped_by_a_batch_size_setting_then_compared_are_found(group):
+    assert groupings(PATCH_NCE.format(group=group)) == ["torch.bmm(feat_q, feat_k.transpose(2, 1))"]
+    # a contrastive loss over the batch it is not: migrate's note stays silent about it
+    assert comparisons(PATCH_NCE.format(group=group)) == []
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        "feat_q.size(0) // 64",  # the tensor's own size: follows whatever batch it is given
+        "batch_size",  # a bare local may be `x.size(0)`: not read as a setting
+    ],
+)
+def test_rows_grouped_by_the_tensors_own_size_are_not_a_setting(group):
+    assert groupings(PATCH_NCE.format(group=group)) == []
+
+
+def test_attention_over_a_reshape_by_heads_is_not_a_grouping_by_setting():
+    body = """
+    def attention(self, q, k):
+        q = q.view(self.heads, -1, self.head_dim)
+        k = k.view(self.heads, -1, self.head_dim)
+        return torch.bmm(q, k.transpose(1, 2))
+    """
+    assert groupings(body) == []

@@ -117,6 +117,65 @@ def test_draws_that_do_not_line_up_make_it_inconclusive(original_draw, says):
     assert says in " ".join(result.inconclusive)
 
 
+def test_a_draw_sliced_by_rank_that_the_original_made_at_one_ranks_shape_asks_to_follow():
+    # `torch.randn(n_outs, 1, z)` with a per-process batch of 1: the literal 1 looked like
+    # the batch, so the ranks sliced it; the original drew (3, 1, 8), one rank's own shape.
+    sliced = [("randn", [3, 2, 8], 1, "s1", 0, [3, 1, 8])]
+    original = record(GRADS, draws=[("randn", [3, 1, 8], None, "s1", 0, [3, 1, 8])])
+    comparison = compare_runs(original, converted_pair(GRADS, draws=sliced), 2, "per-rank")
+    assert comparison.unsliced_in_original
+    assert "random draws could not be aligned" in " ".join(comparison.inconclusive)
+    # a draw the original made at yet another size is no such case
+    other = record(GRADS, draws=[("randn", [3, 5, 8], None, "s1", 0, [3, 5, 8])])
+    assert not compare_runs(
+        other, converted_pair(GRADS, draws=sliced), 2, "per-rank"
+    ).unsliced_in_original
+
+
+def test_following_the_originals_draws_makes_a_draw_of_its_shape_whole_on_every_rank():
+    made = []
+    for rank in (0, 1):
+        stub = DrawingStub(rank, 2)
+        stub.config = {"original_draws": [["randn", [2, 8]], ["randn", [3, 1, 8]]]}
+        draws = probe.RandomDraws(stub)
+        draws.rows = 1
+        torch.manual_seed(0)
+        codes = draws.draw(lambda full: torch.randn(full), (1, 8), "randn")
+        shared = draws.draw(lambda full: torch.randn(full), (3, 1, 8), "randn")
+        made.append((codes, shared))
+        assert [d[2] for d in stub.record["draws"]] == [0, None]  # sliced, then whole
+        assert stub.record["flags"]["followed_draws"] == 1
+    torch.manual_seed(0)
+    codes, shared = torch.randn(2, 8), torch.randn(3, 1, 8)
+    assert torch.equal(made[0][0], codes[0:1]) and torch.equal(made[1][0], codes[1:2])
+    assert torch.equal(made[0][1], shared) and torch.equal(made[1][1], shared)
+
+
+def test_numpy_permutations_are_made_whole_and_recorded_never_sliced(monkeypatch):
+    numpy = pytest.importorskip("numpy")
+    for name in probe.NUMPY_WHOLE_DRAWS:
+        monkeypatch.setattr(numpy.random, name, getattr(numpy.random, name))
+    stub = DrawingStub(1, 2)
+    draws = probe.RandomDraws(stub)
+    draws.rows = 4  # a permutation of 4 items looks like the batch, and is none
+    draws.patch_numpy()
+    numpy.random.seed(3)
+    drawn = numpy.random.permutation(4)
+    items = numpy.arange(6)
+    numpy.random.shuffle(items)
+    numpy.random.seed(3)
+    assert drawn.tolist() == numpy.random.RandomState(3).permutation(4).tolist()
+    expected = numpy.arange(6)
+    state = numpy.random.RandomState(3)
+    state.permutation(4)
+    state.shuffle(expected)
+    assert items.tolist() == expected.tolist()
+    assert [(d[0], d[1], d[2]) for d in stub.record["draws"]] == [
+        ("permutation", [4], None),
+        ("shuffle", [6], None),
+    ]
+
+
 class StubProbe:
     def __init__(self, rank: int, world: int) -> None:
         self.torch, self.rank, self.world, self.role = torch, rank, world, "converted"

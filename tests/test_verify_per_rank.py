@@ -176,3 +176,45 @@ def test_a_conversion_that_differs_from_the_reference_too_stays_a_mismatch(tmp_p
     assert (result.exit_code, result.verdict) == (1, "mismatch")
     assert result.message == first.message
     assert any("differs from the conversion too" in note for note in result.notes)
+
+
+# -- the precision check: rounding or a difference in what the code computes ------------------
+
+
+def session_with_float64_runs(tmp_path, monkeypatch, converted_grads, flags=None):
+    """A session whose conversion matched the reference while the one-process run differed,
+    its float64 runs read from these records instead of files."""
+    session, first = session_after_a_gradient_mismatch(tmp_path)
+    session.unexplained_difference(first, against_reference(GRADS))
+    assert session.wants_precision_check()
+    flags = {"float64": True} if flags is None else flags
+    records = {
+        "original": [record(GRADS, dict(flags))],
+        "converted": converted_pair(converted_grads, dict(flags)),
+    }
+    monkeypatch.setattr(session, "load", lambda role, nproc: records[role])
+    return session, first
+
+
+def test_a_difference_float64_removes_is_rounding_and_a_match(tmp_path, monkeypatch):
+    session, first = session_with_float64_runs(tmp_path, monkeypatch, GRADS)
+    result = session.judge_precision(2, 1, "per-rank", None, None)
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    assert result.message.startswith("in float64 (the model and the batches, both runs)")
+    assert f"in float32 the runs differ by rounding alone ({first.message})" in result.message
+    assert any(note.startswith("precision check:") for note in result.notes)
+    assert result.settings["precision"] == "float64"
+
+
+def test_a_difference_float64_keeps_is_not_rounding(tmp_path, monkeypatch):
+    session, _ = session_with_float64_runs(tmp_path, monkeypatch, [g + 0.1 for g in GRADS])
+    result = session.judge_precision(2, 1, "per-rank", None, None)
+    assert (result.exit_code, result.verdict, result.reference) == (2, "inconclusive", "per-rank")
+    assert any("the difference is not rounding alone" in note for note in result.notes)
+
+
+def test_runs_the_probe_did_not_switch_to_float64_settle_nothing(tmp_path, monkeypatch):
+    session, _ = session_with_float64_runs(tmp_path, monkeypatch, GRADS, flags={})
+    result = session.judge_precision(2, 1, "per-rank", None, None)
+    assert result.verdict == "inconclusive"
+    assert any("the probe did not switch to float64" in note for note in result.notes)

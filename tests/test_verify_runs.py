@@ -81,6 +81,12 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
     for case, converted, *_ in PER_RANK_MATCHES + PER_RANK_BUGS:
         folder = VERIFY / case
         pairs[f"{case}/{converted}"] = (folder / "original.py", folder / converted, {})
+    points = VERIFY / "point_subsample"
+    pairs["numpy seeded by rank"] = (
+        points / "original.py",
+        points / "bug_numpy_seed_per_rank.py",
+        {},
+    )
     stream = VERIFY / "token_stream"
     pairs["unsharded stream"] = (stream / "original.py", stream / "bug_stream_not_sharded.py", {})
     mixup = {"script_args": ["--mixup"]}
@@ -182,6 +188,13 @@ OWN_FIXTURES = [
     ("amp_clip", "DDP044 at line 47: scaler.unscale_() before gradient clipping"),
     ("augment", "random augmentation drawn per sample from a seed of its index: aligned"),
     ("toy_stream", "each process took its block of the same batch"),
+    # numpy's global permutation drawn inside the step (random point subsets): made whole
+    ("point_subsample", "3 numpy permutation(s) or shuffle(s) made whole on every process"),
+    # `torch.randn(num_outs, 1, z)` at a per-process batch of 1: the literal 1 is no batch
+    ("style_codes", "made whole on every process, as the original drew them"),
+    # BatchNorm over raw readings (~1e5): float32 rounding of the synced statistics differs
+    # beyond the tolerance, float64 shows it is rounding (the precision check)
+    ("sensor_bn", "precision check: in float32 the one-process run differed"),
 ]
 
 
@@ -271,6 +284,15 @@ PER_RANK_MATCHES = [
         "random numbers drawn by a stream the conversion shards round-robin: aligned",
     ),
     (
+        "patch_nce",
+        "converted.py",
+        "rows of the batch regrouped by a batch-size setting",
+        "the loss groups the batch's rows by the configured batch size (`torch.bmm(feat_q, "
+        "feat_k.transpose(2, 1)) (converted.py:113)`)",
+        # the patch sampler's numpy permutation, drawn in the step, aligned in every run
+        "numpy permutation(s) or shuffle(s) made whole on every process",
+    ),
+    (
         "antithetic",
         "converted.py",
         "random draws could not be aligned",
@@ -331,6 +353,15 @@ def test_a_stream_every_rank_reads_whole_is_never_a_match(batched):
     result = batched("cpu")["unsharded stream"]
     assert result.verdict != "match", result.message
     assert any("an IterableDataset decides its own order" in r for r in result.inconclusive)
+
+
+@in_batch
+def test_numpy_draws_from_a_generator_seeded_by_rank_are_never_a_match(batched):
+    """Each rank seeds numpy with its rank: its permutations are other numbers than the
+    original's, which the state check at each draw says instead of comparing."""
+    result = batched("cpu")["numpy seeded by rank"]
+    assert result.verdict == "inconclusive", result.message
+    assert any("at draw 1 (permutation)" in reason for reason in result.inconclusive)
 
 
 @in_batch

@@ -9,6 +9,12 @@ comparison over the whole batch; the features must be gathered across ranks for 
 Only plain local names computed from the function's arguments count as the compared batches:
 `x @ self.weight.T` (a layer's weight, or a local bound to one) is a projection, and a
 product of values a constructor builds (an initial weight from an SVD) compares no samples.
+
+A loss can also regroup a batch's rows by a batch-size setting instead of the tensor's own
+size (PatchNCE: `feat_q.view(self.opt.batch_size, -1, dim)`, then `torch.bmm(feat_q,
+feat_k.transpose(2, 1))` compares the patches within each group). The grouping follows the
+configuration, not the batch the loader made: whoever changes one and not the other (verify's
+one-process run at N times the per-process batch) groups other rows than the script does.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ from ddpify.analysis.roles import training_loops
 from ddpify.walk import walk
 
 MATRIX_PRODUCTS = ("torch.matmul", "torch.mm")
+BATCHED_PRODUCTS = ("torch.bmm", "torch.matmul")
+RESHAPES = ("view", "reshape")
 DISTANCES = ("torch.cdist",)
 # `x.transpose(0, 1)`, `x.permute(1, 0)`: the two dimensions of a (batch, features) matrix.
 SWAPS = {("0", "1"), ("1", "0")}
+# `x.transpose(1, 2)`, `x.transpose(-1, -2)`: the last two dimensions of a batch of matrices.
+BATCHED_SWAPS = {("1", "2"), ("2", "1"), ("-1", "-2"), ("-2", "-1")}
 
 
 def batch_comparisons(tree) -> list[cst.CSTNode]:
@@ -160,3 +170,89 @@ def _is_false(arg: cst.Arg | None) -> bool:
 
 def _is_mean(value: cst.BaseExpression) -> bool:
     return isinstance(value, cst.SimpleString) and value.evaluated_value == "mean"
+
+
+def setting_groupings(tree) -> list[cst.CSTNode]:
+    """Batched products (`torch.bmm(q, k.transpose(2, 1))`, `q @ k.transpose(1, 2)`) in
+    this module that compare rows within groups a function made by a batch-size setting:
+    an operand reshaped as `q.view(self.opt.batch_size, -1, dim)` (or through a local bound
+    to such a setting)."""
+    found: list[cst.CSTNode] = []
+    for call in tree.calls_to(*BATCHED_PRODUCTS):
+        if len(call.args) >= 2 and _groups_by_setting(
+            tree, call, call.args[0].value, call.args[1].value
+        ):
+            found.append(call)
+    for product in tree.find(cst.BinaryOperation, _is_matrix_product):
+        if _groups_by_setting(tree, product, product.left, product.right):
+            found.append(product)
+    return sorted(found, key=lambda node: tree.order.get(node, 0))
+
+
+def _groups_by_setting(tree, node, left, right) -> bool:
+    inner = _batch_transposed(right)
+    function = tree.function(node)
+    if inner is None or function is None:
+        return False
+    regrouped = _regrouped_by_setting(tree, function)
+    names = {e.value for e in (left, inner) if isinstance(e, cst.Name)}
+    return bool(names & regrouped)
+
+
+def _batch_transposed(expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`x` for `x.transpose(1, 2)`, `x.transpose(-1, -2)`, `x.mT`; else None."""
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "mT":
+        return expr.value
+    if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)):
+        return None
+    if method_name(expr) != "transpose" or len(expr.args) != 2:
+        return None
+    positions = tuple(_integer_text(arg.value) for arg in expr.args if not arg.keyword)
+    return expr.func.value if positions in BATCHED_SWAPS else None
+
+
+def _integer_text(expr: cst.BaseExpression) -> str | None:
+    """`2` for `2`, `-1` for `-1`; None for anything else."""
+    if isinstance(expr, cst.Integer):
+        return expr.value
+    if (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+    ):
+        return "-" + expr.expression.value
+    return None
+
+
+def _regrouped_by_setting(tree, function: cst.FunctionDef) -> set[str]:
+    """The locals of `function` assigned `x.view(<batch-size setting>, ...)` or
+    `x.reshape(...)` of one."""
+    assignments = list(tree.within(function, cst.Assign))
+    settings = set()
+    for assign in assignments:
+        if _is_batch_size_setting(assign.value, set()):
+            for target in assign.targets:
+                settings |= loop_targets(target.target)
+    regrouped = set()
+    for assign in assignments:
+        value = assign.value
+        if not (isinstance(value, cst.Call) and method_name(value) in RESHAPES and value.args):
+            continue
+        if _is_batch_size_setting(value.args[0].value, settings):
+            for target in assign.targets:
+                regrouped |= loop_targets(target.target)
+    return regrouped
+
+
+def _is_batch_size_setting(expr: cst.BaseExpression, locals_bound: set[str]) -> bool:
+    """`opt.batch_size`, `self.args.batch_size`, `cfg["batch_size"]`: a batch size read from
+    the configuration, or a local bound to one (a bare `batch_size` may be `x.size(0)`)."""
+    if isinstance(expr, cst.Name):
+        return expr.value in locals_bound
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value.lower().endswith("batch_size")
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+        key = expr.slice[0].slice
+        if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
+            return str(key.value.evaluated_value).lower().endswith("batch_size")
+    return False

@@ -33,6 +33,7 @@ from ddpify.verify.runner import (
     Session,
     new_result,
     preflight,
+    replace_result,
 )
 
 PROBE_BATCH = Path(__file__).resolve().with_name("probe_batch.py")
@@ -142,8 +143,33 @@ def _verify_group(group: list[_Pending], nproc: int, batch_dir: Path) -> list[Ve
         o, session = item.options, item.session
         if not item.failed:
             session.judge(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
+    _follow_original_draws(group, nproc, batch_dir)
     _judge_per_rank(group, nproc, batch_dir)
+    _check_precision(group, nproc, batch_dir)
     return [item.session.result for item in group]
+
+
+def _follow_original_draws(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
+    """The converted runs that sliced a draw the original made whole, again following the
+    original's draws (Session.follows_original_draws), in one more launch; then judged."""
+    again = [i for i in group if not i.failed and i.session.follows_original_draws(nproc)]
+    firsts = {}
+    for item in again:
+        item.script, config = item.session.converted_again(
+            item.job.converted, item.options["converted_source"]
+        )
+        item.config_path = item.session.write_config("converted", config)
+        firsts[item.index] = item.session.result
+    for item, outcome in zip(again, _launch(again, "converted", nproc, batch_dir, "again")):
+        o, session = item.options, item.session
+        try:
+            session.settle("converted", outcome)
+            session.result = replace_result(session.result, session.run_notes)
+            item.first_rank = session.converted_records(outcome, nproc)[0]
+        except CouldNotRun as exc:
+            session.again_failed(firsts[item.index], exc)
+            continue
+        session.judge(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
 
 
 def _judge_per_rank(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
@@ -165,6 +191,43 @@ def _judge_per_rank(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
             session.reference_failed(exc)
             continue
         session.judge_reference(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
+
+
+def _check_precision(group: list[_Pending], nproc: int, batch_dir: Path) -> None:
+    """The pairs whose conversion matched the per-rank reference while the one-process run
+    differed in gradients alone, both sides again in float64 (Session.wants_precision_check),
+    one more launch for each side; then their verdicts."""
+    wanting = [i for i in group if not i.failed and i.session.wants_precision_check()]
+    originals = {}
+    for item in wanting:  # item.script is the original as run, fixes applied
+        originals[item.index] = item.script
+        item.script, config = item.session.float64_converted(
+            item.job.converted, item.options["converted_source"]
+        )
+        item.config_path = item.session.write_config("converted", config)
+    ready = []
+    for item, outcome in zip(wanting, _launch(wanting, "converted", nproc, batch_dir, "64")):
+        session = item.session
+        try:
+            session.settle("converted", outcome)
+            steps = session.result.settings["steps"]
+            converted0 = session.records("converted", outcome, nproc, steps)[0]
+        except CouldNotRun as exc:
+            session.precision_failed(exc)
+            continue
+        item.script = originals[item.index]
+        config = session.float64_original(item.job.original, converted0, nproc)
+        item.config_path = session.write_config("original", config)
+        ready.append(item)
+    for item, outcome in zip(ready, _launch(ready, "original", None, batch_dir, "64")):
+        o, session = item.options, item.session
+        try:
+            session.settle("original", outcome)
+            session.records("original", outcome, 1, o["steps"])
+        except CouldNotRun as exc:
+            session.precision_failed(exc)
+            continue
+        session.judge_precision(nproc, o["steps"], o["batch_policy"], o["rtol"], o["atol"])
 
 
 def _prepare_original(item: _Pending, nproc: int) -> bool:
@@ -203,8 +266,9 @@ def _could_not_run(item: _Pending, exc: CouldNotRun) -> bool:
     return False
 
 
-def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path):
-    """One launch of probe_batch.py for the `role` side of `items`; their outcomes."""
+def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path, label=""):
+    """One launch of probe_batch.py for the `role` side of `items`; their outcomes. `label`
+    names the files of a second launch of the same role."""
     if not items:
         return []
     ranks = nproc or 1
@@ -219,11 +283,11 @@ def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path
                 "cwd": str(session.cwd),
                 "env": session.extra_env,
                 "timeout": session.timeout,
-                "log": str(session.work / f"{role}.log"),
-                "status": str(batch_dir / f"{role}-{nproc}-{number}.status"),
+                "log": str(session.work / f"{role}{label}.log"),
+                "status": str(batch_dir / f"{role}{label}-{nproc}-{number}.status"),
             }
         )
-    manifest = batch_dir / f"{role}-{nproc}.json"
+    manifest = batch_dir / f"{role}{label}-{nproc}.json"
     manifest.write_text(json.dumps(runs), encoding="utf-8")
     command = [sys.executable, str(PROBE_BATCH), str(manifest)]
     if nproc is not None:
@@ -233,8 +297,8 @@ def _launch(items: list[_Pending], role: str, nproc: int | None, batch_dir: Path
         command,
         probe_environment(manifest, {}),
         batch_dir,
-        batch_dir / f"{role}-{nproc}.log",
-        batch_dir / f"{role}-{nproc}-pids",
+        batch_dir / f"{role}{label}-{nproc}.log",
+        batch_dir / f"{role}{label}-{nproc}-pids",
         sum(run["timeout"] for run in runs) + LAUNCH_SLACK_SECONDS,
     )
     return [_outcome(run, ranks, whole) for run in runs]

@@ -48,6 +48,8 @@ class AmpAtol(float):
 
 DATA_RTOL = 1e-6
 MAX_DRAWS_COMPARED = 5000  # the probe records at most this many draws
+# Draws the probe makes whole in every run (probe.NUMPY_WHOLE_DRAWS): never sliced by rank.
+WHOLE_DRAW_KINDS = ("permutation", "shuffle")
 # A gradient this small against the step's largest is rounding (a bias before BatchNorm).
 ROUNDING_SHARE = 1e-5
 # Weights entering a step that differ by more than this share of atol make its gradient
@@ -98,6 +100,10 @@ class Comparison:
     # and what each says differs from the one-process run by design (per_rank.py).
     per_rank: list[str] = field(default_factory=list)
     per_rank_causes: list[str] = field(default_factory=list)
+    # A draw the converted run sliced by rank that the original made at one rank's shape (a
+    # size that only looked like the per-process batch): running the converted script again,
+    # following the original's draws, can align it (runner.Session.follows_original_draws).
+    unsliced_in_original: bool = False
 
     def by_design(
         self, reason: str, cause: str, against_reference: bool, doubts: list[str] | None = None
@@ -372,6 +378,19 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
         )
         cause = f"each process compares only its own samples of the batch (`{compared}`)"
         result.by_design(reason, cause, against_reference, result.caveats)
+    grouped = any_flag("setting_grouping", converted)
+    if grouped:
+        reason = (
+            "rows of the batch regrouped by a batch-size setting, then compared within each "
+            f"group: `{grouped}` in the conversion; the one-process run takes N times the "
+            "per-process batch from its loader but keeps that setting, so it groups other "
+            "rows than the script does at any batch size"
+        )
+        cause = (
+            f"the loss groups the batch's rows by the configured batch size (`{grouped}`), "
+            "and one process given the whole batch keeps that setting at the per-process size"
+        )
+        result.by_design(reason, cause, against_reference, result.caveats)
     masked = any_flag("masked_mean", both)
     if masked and nproc > 1:
         reason = (
@@ -454,9 +473,17 @@ def read_batch_norm_flags(
 def read_draws(original: dict, converted: list[dict], result: Comparison) -> None:
     """The original must have drawn, in order, the whole draws the ranks sliced theirs from."""
     ours, theirs = original.get("draws", []), converted[0].get("draws", [])
+    followed = converted[0]["flags"].get("followed_draws")
+    if followed:
+        result.notes.append(
+            f"{followed} random draw(s) whose size does not follow the per-process batch (a "
+            "dimension that only equalled it) made whole on every process, as the original "
+            "drew them: the converted script ran again following the original's draws"
+        )
     sliced = sum(1 for draw in theirs if draw[2] is not None)
     resized = any(list(mine[1]) != list(their[1]) for mine, their in zip(ours, theirs))
-    if not sliced and not resized:
+    permuted = sum(1 for draw in theirs if draw[0] in WHOLE_DRAW_KINDS)
+    if not sliced and not resized and not permuted:
         return
     states = [r.get("draws", []) for r in converted]
     for index, (mine, their) in enumerate(zip(ours, theirs)):
@@ -476,6 +503,8 @@ def read_draws(original: dict, converted: list[dict], result: Comparison) -> Non
                 f"{tuple(mine[1])} in the original"
             )
             result.inconclusive.append(reason)
+            if their[2] is not None and len(their) > 5 and list(mine[1]) == list(their[5]):
+                result.unsliced_in_original = True
             if their[2] is None and original.get("role") != "reference":
                 # Not a batch-shaped draw the probe could make whole: its size follows the
                 # per-process batch some other way (antithetic timesteps, n // 2 + 1).
@@ -491,10 +520,16 @@ def read_draws(original: dict, converted: list[dict], result: Comparison) -> Non
             f"run {len(theirs)}"
         )
         return
-    result.notes.append(
-        f"{sliced} random draw(s) in the training loop (noise, dropout masks) given to each "
-        "process as its slice of the single process's draw"
-    )
+    if sliced:
+        result.notes.append(
+            f"{sliced} random draw(s) in the training loop (noise, dropout masks) given to each "
+            "process as its slice of the single process's draw"
+        )
+    if permuted:
+        result.notes.append(
+            f"{permuted} numpy permutation(s) or shuffle(s) made whole on every process from "
+            "the generator state the original made them from (checked at each draw)"
+        )
 
 
 def training_loader(record: dict) -> dict | None:

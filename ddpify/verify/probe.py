@@ -8,12 +8,18 @@ What it does to the run (the same in both runs unless said otherwise):
 - seeds torch, random and numpy before the script starts (the script's own seeding still wins);
 - DataLoaders load in the main process (num_workers=0) so that data and random draws stay visible;
   the original's batch size is multiplied by N under the per-rank policy;
+- with `float64` in the settings (verify's precision check), the default dtype is float64
+  and every floating-point batch a DataLoader makes is cast to it;
 - RandomSampler and DistributedSampler(shuffle=True) draw from one canonical permutation per
   epoch, so the N ranks' step-i batches together are the original's step-i batch;
 - random draws in the training loop (`torch.randn(batch, z)`, `rand`, the `*_like` forms, the
   masks of dropout, dropout1d/2d/3d and attention dropout) are made equal across 1 and N
   processes: each draw is made whole, at the single process's shape, and every rank keeps its
   slice along the batch dimension (see RandomDraws); alpha dropout is switched off;
+  numpy's global `permutation` and `shuffle` are made whole in every run (recorded, never
+  sliced); run again with the original's draws (`original_draws`), the converted run makes
+  whole every draw the original made at this rank's own shape (a literal 1 that only looked
+  like a per-process batch of 1);
 - each sample of a map-style dataset is fetched with the global generators (torch CPU,
   random, numpy) seeded from its index and the pass over its loader, and restored after it,
   so random augmentation is the same whichever process fetches the sample (patch_map_fetcher);
@@ -98,6 +104,9 @@ NUMPY_SIZED_DRAWS = {
     "random": 0,
     "random_sample": 0,
 }
+# numpy.random's global draws whose result does not follow the batch (a permutation of n
+# items, an array shuffled in place): made whole in every run, never sliced by rank.
+NUMPY_WHOLE_DRAWS = ("permutation", "shuffle")
 NUMPY = "numpy"  # the device of numpy's global generator, for RandomDraws
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 # In the note migrate writes above its split of a hand-made batch (migrate/data.py,
@@ -167,6 +176,8 @@ class Probe:
         if self.role == "reference":
             self.reference = reference_rank(self)
         self.seed_everything()
+        if self.config.get("float64"):
+            self.run_in_float64()
         self.share_gpus()
         self.patch_data()
         self.draws.patch(self.torch)
@@ -179,6 +190,26 @@ class Probe:
         self.watch_adaptive_solvers()
         if self.role == "converted" and self.world > 1 and self.script_splits_batches:
             self.watch_block_splits()
+
+    # -- float64 ------------------------------------------------------------------------------
+
+    def run_in_float64(self) -> None:
+        """verify's precision check: the model the script builds and every floating-point
+        batch its loaders make are float64, so what float32 rounding made of the two runs
+        (sums in another order) shrinks a billionfold and what the code computes stays."""
+        self.torch.set_default_dtype(self.torch.float64)
+        self.flag("float64")
+
+    def in_float64(self, batch):
+        """`batch` with its floating-point tensors as float64 (lists, tuples, dicts kept)."""
+        torch = self.torch
+        if isinstance(batch, torch.Tensor):
+            return batch.double() if batch.is_floating_point() else batch
+        if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+            return type(batch)(self.in_float64(item) for item in batch)
+        if isinstance(batch, dict):
+            return type(batch)((key, self.in_float64(value)) for key, value in batch.items())
+        return batch
 
     # -- adaptive ODE solvers ------------------------------------------------------------------
 
@@ -380,6 +411,8 @@ class Probe:
             unaligned = probe.loaders[loader].get("unaligned") if loader is not None else None
             if unaligned:
                 probe.flag("unaligned_sampler", unaligned)
+            if probe.config.get("float64"):
+                batch = probe.in_float64(batch)
             probe.note_batch(loader, batch)
             return batch
 
@@ -1088,6 +1121,12 @@ class RandomDraws:
         self.block: tuple[int, int] | None = None
         self.record: list = probe.record["draws"]
         self.sliced = 0
+        # The original's draws in order ([kind, shape, ...]), when verify runs the converted
+        # script again to follow them: a draw the original made at this rank's own shape is
+        # made whole here too (a literal 1 is no per-process batch of 1).
+        self.original_draws: list | None = getattr(probe, "config", {}).get("original_draws")
+        self.made = 0  # draws made outside a seeded fetch, recorded or not
+        self.followed = 0
 
     def batch_dim(self, shape, kind: str) -> int | None:
         rows, world = self.rows, self.probe.world
@@ -1115,13 +1154,19 @@ class RandomDraws:
         # bytes(tolist()): a script without numpy installed has no Tensor.numpy().
         return hashlib.blake2b(bytes(state.tolist()), digest_size=8).hexdigest()
 
-    def draw(self, make, shape, kind: str, device=None):
-        """`make(full_shape)` draws; returns this rank's part of the single process's draw."""
+    def draw(self, make, shape, kind: str, device=None, whole: bool = False):
+        """`make(full_shape)` draws; returns this rank's part of the single process's draw
+        (all of it when `whole`: a draw whose size does not follow the batch)."""
         probe = self.probe
         shape = tuple(int(size) for size in shape)
         if probe.seeding_depth:
             return make(shape)  # a sample's own augmentation, seeded from its index
-        dim = self.batch_dim(shape, kind)
+        dim = None if whole else self.batch_dim(shape, kind)
+        if dim is not None and self.original_drew(self.made, shape):
+            dim = None
+            self.followed += 1
+            probe.record["flags"]["followed_draws"] = self.followed
+        self.made += 1
         full = list(shape)
         if dim is not None:
             full[dim] = self.whole_size(shape[dim])
@@ -1131,12 +1176,19 @@ class RandomDraws:
         probe.rng_drawn()
         if len(self.record) < MAX_DRAWS_RECORDED:
             first = probe.optimizers[0] if probe.optimizers else None
-            self.record.append([kind, full, dim, state, getattr(first, "_ddpify_steps", 0)])
+            steps = getattr(first, "_ddpify_steps", 0)
+            self.record.append([kind, full, dim, state, steps, list(shape)])
         if dim is None:
             return tensor
         self.sliced += 1
         probe.record["flags"]["sliced_draws"] = self.sliced
         return self.rank_part(tensor, dim, shape[dim])
+
+    def original_drew(self, index: int, shape: tuple) -> bool:
+        """Whether the original's draw `index` had exactly this rank's shape: its size does
+        not follow the batch, so every rank makes it whole, as the single process did."""
+        drawn = self.original_draws
+        return drawn is not None and index < len(drawn) and list(drawn[index][1]) == list(shape)
 
     def whole_size(self, size: int) -> int:
         """The single process's size of a batch dimension of `size` (rows, or rows * m)."""
@@ -1173,6 +1225,21 @@ class RandomDraws:
             native = getattr(numpy.random, name, None)
             if native is not None:
                 setattr(numpy.random, name, self.numpy_draw(numpy, native, name, position))
+        for name in NUMPY_WHOLE_DRAWS:
+            native = getattr(numpy.random, name, None)
+            if native is not None:
+                setattr(numpy.random, name, self.numpy_whole_draw(numpy, native, name))
+
+    def numpy_whole_draw(self, numpy, native, name: str):
+        """`np.random.permutation(n)`, `np.random.shuffle(x)`: every run makes the same draw
+        from the same generator state, recorded (its length as its shape) so compare checks
+        the runs were in step when they made it."""
+
+        def draw(x, *args, **kwargs):
+            length = int(x) if numpy.ndim(x) == 0 and not hasattr(x, "__len__") else len(x)
+            return self.draw(lambda _: native(x, *args, **kwargs), (length,), name, NUMPY, True)
+
+        return draw
 
     def numpy_draw(self, numpy, native, name: str, position: int):
         def draw(*args, **kwargs):
@@ -1514,27 +1581,34 @@ def project_mentions(script: str, mentions, files: ProjectFiles | None = None) -
     return any(mentions(str(path)) for path, _ in modules[1:])
 
 
-def project_batch_comparison(script: str, files: ProjectFiles | None = None) -> str | None:
-    """The first comparison of a batch's rows with each other (a contrastive loss) in the
-    script or a local module it imports, as `code (file:line)`; None when there is none."""
+def project_batch_couplings(script: str, files: ProjectFiles | None = None) -> dict[str, str]:
+    """The first of each kind of batch coupling (ddpify.analysis.batch_coupling) in the
+    script or a local module it imports, as `code (file:line)`, by the probe's flag:
+    `batch_comparison` (a batch's rows compared with each other, a contrastive loss) and
+    `setting_grouping` (rows grouped by a batch-size setting, then compared). Each module
+    is parsed once."""
     import libcst as cst
     import libcst.metadata
 
-    from ddpify.analysis.batch_coupling import batch_comparisons
+    from ddpify.analysis.batch_coupling import batch_comparisons, setting_groupings
     from ddpify.analysis.tree import Tree
 
+    questions = {"batch_comparison": batch_comparisons, "setting_grouping": setting_groupings}
+    found: dict[str, str] = {}
     for path, text in (files or ProjectFiles(script)).modules() or []:
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError:
             continue
         tree = Tree(module)
-        for node in batch_comparisons(tree):
-            # Its own line, not that of the first text like it (a docstring may quote it).
-            wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
-            line = wrapper.resolve(cst.metadata.PositionProvider)[node].start.line
-            return f"{tree.code(node)} ({path.name}:{line})"
-    return None
+        for flag, question in questions.items():
+            nodes = [] if flag in found else question(tree)
+            if nodes:
+                # Its own line, not that of the first text like it (a docstring may quote it).
+                wrapper = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True)
+                line = wrapper.resolve(cst.metadata.PositionProvider)[nodes[0]].start.line
+                found[flag] = f"{tree.code(nodes[0])} ({path.name}:{line})"
+    return found
 
 
 def mentions_hand_split(path: str) -> bool:
@@ -1607,9 +1681,8 @@ def main() -> int:
     probe.script_converts_sync_bn = project_mentions_sync_batch_norm(script, files)
     probe.script_splits_batches = project_mentions(script, mentions_hand_split, files)
     if probe.role == "converted" and probe.world > 1:
-        compared = project_batch_comparison(script, files)
-        if compared:
-            probe.flag("batch_comparison", compared)
+        for flag, where in project_batch_couplings(script, files).items():
+            probe.flag(flag, where)
     probe.install()
     try:
         run_script(script, argv, config.get("display_path") or script)

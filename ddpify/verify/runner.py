@@ -89,6 +89,14 @@ def run_verify(
             return result
         torch_import.join()
         session.judge(nproc, steps, batch_policy, rtol, atol)
+        if session.follows_original_draws(nproc):
+            script_again, config_again = session.converted_again(converted, converted_source)
+            first = session.result
+            try:
+                session.run_converted_again(script_again, config_again, nproc)
+            except CouldNotRun as exc:
+                return session.again_failed(first, exc)
+            session.judge(nproc, steps, batch_policy, rtol, atol)
         if not session.wants_reference(nproc):
             return session.result
         config = session.reference_config(original, conv[0], nproc, steps, batch_policy, lr_scale)
@@ -96,7 +104,14 @@ def run_verify(
             session.run_reference(script, config, nproc)
         except CouldNotRun as exc:
             return session.reference_failed(exc)
-        return session.judge_reference(nproc, steps, batch_policy, rtol, atol)
+        session.judge_reference(nproc, steps, batch_policy, rtol, atol)
+        if not session.wants_precision_check():
+            return session.result
+        try:
+            session.run_in_float64(original, script, converted, converted_source, nproc)
+        except CouldNotRun as exc:
+            return session.precision_failed(exc)
+        return session.judge_precision(nproc, steps, batch_policy, rtol, atol)
 
 
 def new_result(
@@ -139,6 +154,12 @@ class Session:
         self.comparison: Comparison | None = None  # with the one-process original
         self.converted: list[dict] = []  # the converted run's records, once judged
         self.run_notes: list[str] = []  # the notes about the runs, not the comparison
+        self.original: dict | None = None  # the original's record, once judged
+        # The original's draws ([kind, shape]) the converted run followed when run again.
+        self.original_draws: list | None = None
+        # The one-process result, when the conversion matched the per-rank reference and the
+        # one-process run differed in gradients alone (unexplained_difference).
+        self.unexplained: VerifyResult | None = None
 
     def choose_device(self, nproc: int) -> None:
         """A GPU per process: as the script decides (nccl). Fewer: the ranks share them over
@@ -196,6 +217,46 @@ class Session:
         }
         return script, config
 
+    def follows_original_draws(self, nproc: int) -> bool:
+        """Whether to run the converted script again, following the original's draws: its
+        ranks sliced a draw the original made at one rank's shape (a dimension that only
+        equalled the per-process batch, `randn(n, 1, z)` with a batch of 1), and nothing
+        else is a mismatch. Once only."""
+        comparison = self.comparison
+        if nproc < 2 or comparison is None or self.original_draws is not None:
+            return False
+        return comparison.unsliced_in_original and not comparison.findings
+
+    def converted_again(self, converted, source) -> tuple[Path, dict]:
+        """The converted run's script and settings, following the original's draws; its
+        first records are put aside."""
+        assert self.original is not None
+        self.original_draws = [list(draw[:2]) for draw in self.original.get("draws", [])]
+        (self.work / "converted").rename(self.work / "converted-sliced")
+        script = self.work / "converted_source.py" if source is not None else converted
+        config = {
+            "role": "converted",
+            "steps": self.result.settings["steps"],
+            "nproc": self.result.settings["nproc"],
+            "display_path": str(converted.resolve()),
+            "original_draws": self.original_draws,
+        }
+        return script, config
+
+    def run_converted_again(self, script: Path, config: dict, nproc: int) -> None:
+        outcome = self.launch("converted", script, config, nproc)
+        self.result = replace_result(self.result, self.run_notes)
+        self.converted_records(outcome, nproc)
+
+    def again_failed(self, first: VerifyResult, exc: CouldNotRun) -> VerifyResult:
+        """The converted run following the original's draws could not run: the first
+        comparison stands (inconclusive), saying so."""
+        first.notes.append(
+            f"running the converted script again, following the original's draws, failed: {exc}"
+        )
+        self.result = first
+        return first
+
     def converted_records(self, outcome: RunOutcome, nproc: int) -> list[dict]:
         self.result.converted_output = outcome.output
         return self.records("converted", outcome, nproc, self.result.settings["steps"])
@@ -234,6 +295,8 @@ class Session:
             **config,
             "role": "reference",
             "converted_sync_bn": synced,
+            # draws the converted run made whole, as the original did (follows_original_draws)
+            "original_draws": self.original_draws,
         }
 
     def run_reference(self, script: Path, config: dict, nproc: int) -> None:
@@ -301,7 +364,7 @@ class Session:
 
     def judge(self, nproc, steps, batch_policy, rtol, atol) -> VerifyResult:
         """Compare the two runs' records and conclude (both runs are done)."""
-        orig = self.load("original", 1)[0]
+        self.original = orig = self.load("original", 1)[0]
         self.converted = conv = self.load("converted", nproc)
         comparison = compare_runs(orig, conv, nproc, batch_policy, rtol, atol)
         self.comparison = comparison
@@ -361,6 +424,94 @@ class Session:
             f"{WHAT}; the one-process run differs ({first.message})"
         )
         judged.notes.append(f"against the one-process run: {first.verdict}: {first.message}")
+        self.result = judged
+        self.unexplained = first
+        return judged
+
+    # -- the precision check: rounding or not ----------------------------------------------
+
+    def wants_precision_check(self) -> bool:
+        """Whether the conversion computes the original run as DDP but the one-process run
+        differs in gradients alone: running both again in float64 tells rounding (the
+        difference vanishes) from a difference in what the code computes (it stays)."""
+        return self.unexplained is not None
+
+    def float64_converted(self, converted, source) -> tuple[Path, dict]:
+        """The converted run's script and settings in float64; the float32 records of both
+        runs are put aside."""
+        for role in ("converted", "original"):
+            (self.work / role).rename(self.work / f"{role}-float32")
+        script = self.work / "converted_source.py" if source is not None else converted
+        config = {
+            "role": "converted",
+            "steps": self.result.settings["steps"],
+            "nproc": self.result.settings["nproc"],
+            "display_path": str(converted.resolve()),
+            "original_draws": self.original_draws,
+            "float64": True,
+        }
+        return script, config
+
+    def float64_original(self, original, converted0: dict, nproc: int) -> dict:
+        settings = self.result.settings
+        config = self.original_config(
+            original,
+            converted0,
+            nproc,
+            settings["steps"],
+            settings["batch_policy"],
+            settings["lr_scale"],
+        )
+        return {**config, "float64": True}
+
+    def run_in_float64(self, original, script, converted, source, nproc: int) -> None:
+        """Both runs again, the model and the batches in float64 (probe.run_in_float64)."""
+        converted_script, config = self.float64_converted(converted, source)
+        outcome = self.launch("converted", converted_script, config, nproc)
+        converted0 = self.records("converted", outcome, nproc, self.result.settings["steps"])[0]
+        config = self.float64_original(original, converted0, nproc)
+        outcome = self.launch("original", script, config, None)
+        self.records("original", outcome, 1, self.result.settings["steps"])
+
+    def precision_failed(self, exc: CouldNotRun) -> VerifyResult:
+        self.result.notes.append(
+            "the precision check (both scripts again in float64, to tell rounding from a "
+            f"difference in what the code computes) could not run: {exc}"
+        )
+        return self.result
+
+    def judge_precision(self, nproc, steps, batch_policy, rtol, atol) -> VerifyResult:
+        """The float64 runs compared: a match says the float32 difference was rounding and
+        the conversion computes what the original computes; anything else leaves the
+        inconclusive result, saying that the difference is not rounding alone."""
+        first = self.unexplained
+        assert first is not None
+        conv = self.load("converted", nproc)
+        orig = self.load("original", 1)[0]
+        if not all(r["flags"].get("float64") for r in [orig, *conv]):
+            return self.precision_failed(CouldNotRun("the probe did not switch to float64"))
+        comparison = compare_runs(orig, conv, nproc, batch_policy, rtol, atol)
+        judged = conclude(replace_result(first, self.run_notes), comparison, steps)
+        if judged.verdict != "match":
+            self.result.notes.append(
+                "the precision check (both scripts again in float64) does not settle it: "
+                f"{judged.verdict}: {judged.message}; the difference is not rounding alone"
+            )
+            return self.result
+        tolerance = {"rtol": comparison.tolerance[0], "atol": comparison.tolerance[1]}
+        judged.settings = {**first.settings, "tolerance": tolerance, "precision": "float64"}
+        judged.message = (
+            f"in float64 (the model and the batches, both runs), {judged.message}; in float32 "
+            f"the runs differ by rounding alone ({first.message})"
+        )
+        judged.notes.append(
+            "precision check: in float32 the one-process run differed beyond the tolerance "
+            f"while the conversion matched {WHAT} (the per-rank reference); run again in "
+            "float64 the two agree, so the float32 difference is rounding (sums over the "
+            "processes in another order than one process's, e.g. SyncBatchNorm's statistics, "
+            "amplified through the network), not a difference in what the code computes"
+        )
+        judged.notes.append(f"in float32: {first.verdict}: {first.message}")
         self.result = judged
         return judged
 
