@@ -218,3 +218,29 @@ def test_runs_the_probe_did_not_switch_to_float64_settle_nothing(tmp_path, monke
     result = session.judge_precision(2, 1, "per-rank", None, None)
     assert result.verdict == "inconclusive"
     assert any("the probe did not switch to float64" in note for note in result.notes)
+
+
+def test_a_mismatch_the_reference_cannot_settle_is_checked_in_float64(tmp_path, monkeypatch):
+    """The reference differs from the conversion too (it may deal its samples otherwise):
+    float64 runs that agree make the float32 mismatch rounding, a match."""
+    session, first = session_after_a_gradient_mismatch(tmp_path)
+    session.unexplained_difference(first, against_reference([g / 2 for g in GRADS]))
+    assert session.wants_precision_check()
+    flags = {"float64": True}
+    records = {"original": [record(GRADS, dict(flags))], "converted": converted_pair(GRADS, flags)}
+    monkeypatch.setattr(session, "load", lambda role, nproc: records[role])
+    result = session.judge_precision(2, 1, "per-rank", None, None)
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    assert any("the per-rank reference settled nothing" in note for note in result.notes)
+
+
+def test_a_mismatch_float64_keeps_stays_a_mismatch(tmp_path, monkeypatch):
+    session, first = session_after_a_gradient_mismatch(tmp_path)
+    session.unexplained_difference(first, against_reference([g / 2 for g in GRADS]))
+    flags = {"float64": True}
+    converted = converted_pair([g + 0.1 for g in GRADS], flags)
+    records = {"original": [record(GRADS, dict(flags))], "converted": converted}
+    monkeypatch.setattr(session, "load", lambda role, nproc: records[role])
+    result = session.judge_precision(2, 1, "per-rank", None, None)
+    assert (result.exit_code, result.verdict) == (1, "mismatch")
+    assert any("the difference is not rounding alone" in note for note in result.notes)

@@ -407,6 +407,9 @@ class Session:
                 "the per-rank reference (the original run as DDP on the same processes) "
                 f"differs from the conversion too: {judged.verdict}: {judged.message}"
             )
+            # The reference settles nothing (it may deal its samples otherwise, as with a
+            # weighted sampler); float64 still tells rounding from a real difference.
+            self.unexplained = first
             return first
         judged.exit_code, judged.verdict, judged.reference = (
             EXIT_COULD_NOT_RUN,
@@ -431,9 +434,10 @@ class Session:
     # -- the precision check: rounding or not ----------------------------------------------
 
     def wants_precision_check(self) -> bool:
-        """Whether the conversion computes the original run as DDP but the one-process run
-        differs in gradients alone: running both again in float64 tells rounding (the
-        difference vanishes) from a difference in what the code computes (it stays)."""
+        """Whether the one-process run differs in gradients alone and the per-rank reference
+        either matched the conversion or settled nothing: running both again in float64
+        tells rounding (the difference vanishes) from a difference in what the code
+        computes (it stays, and so does the verdict)."""
         return self.unexplained is not None
 
     def float64_converted(self, converted, source) -> tuple[Path, dict]:
@@ -504,12 +508,17 @@ class Session:
             f"in float64 (the model and the batches, both runs), {judged.message}; in float32 "
             f"the runs differ by rounding alone ({first.message})"
         )
+        reference = (
+            f"while the conversion matched {WHAT} (the per-rank reference)"
+            if self.result is not first
+            else "and the per-rank reference settled nothing"
+        )
         judged.notes.append(
             "precision check: in float32 the one-process run differed beyond the tolerance "
-            f"while the conversion matched {WHAT} (the per-rank reference); run again in "
-            "float64 the two agree, so the float32 difference is rounding (sums over the "
-            "processes in another order than one process's, e.g. SyncBatchNorm's statistics, "
-            "amplified through the network), not a difference in what the code computes"
+            f"{reference}; run again in float64 the two agree, so the float32 difference is "
+            "rounding (sums over the processes in another order than one process's, e.g. "
+            "SyncBatchNorm's statistics, amplified through the network), not a difference "
+            "in what the code computes"
         )
         judged.notes.append(f"in float32: {first.verdict}: {first.message}")
         self.result = judged
