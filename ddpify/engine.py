@@ -19,7 +19,7 @@ from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.analysis.tree import Tree
-from ddpify.analysis.wrappers import FED_TYPES, WrapperFacts
+from ddpify.analysis.wrappers import DDP, FED_TYPES, WrapperFacts
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
@@ -46,7 +46,7 @@ class Context:
         self.imports = ImportMap()
         self.model = ScriptModel(self.imports)
         # Which names hold the DDP wrapper where: fed by the engine's walk, read by rules.
-        self.wrappers = WrapperFacts(self.imports)
+        self.wrappers = WrapperFacts(self.imports, returns_ddp=self._returns_ddp)
         self.ancestors: list[cst.CSTNode] = []
         # The functions among the ancestors (the node being visited aside), innermost last:
         # "which function is this in" is asked for most calls a rule records.
@@ -72,6 +72,10 @@ class Context:
             else:  # asked in the middle of the walk: a walk of its own
                 return Tree(self.module)
         return self._tree
+
+    def _returns_ddp(self, call: cst.Call) -> bool:
+        """`call` is `DistributedDataParallel(...)` or a helper of this file returning one."""
+        return self.model.call_returns(call, DDP)
 
     def local_function(self, qualified: str) -> LocalFunction | None:
         """The definition of an imported helper (`utils.save_checkpoint`) in a local module
