@@ -19,7 +19,7 @@ from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.analysis.tree import Tree
-from ddpify.analysis.wrappers import FED_TYPES, WrapperFacts
+from ddpify.analysis.wrappers import DDP, FED_TYPES, WrapperFacts
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
@@ -46,7 +46,7 @@ class Context:
         self.imports = ImportMap()
         self.model = ScriptModel(self.imports)
         # Which names hold the DDP wrapper where: fed by the engine's walk, read by rules.
-        self.wrappers = WrapperFacts(self.imports)
+        self.wrappers = WrapperFacts(self.imports, returns_ddp=self._returns_ddp)
         self.ancestors: list[cst.CSTNode] = []
         # The functions among the ancestors (the node being visited aside), innermost last:
         # "which function is this in" is asked for most calls a rule records.
@@ -72,6 +72,10 @@ class Context:
             else:  # asked in the middle of the walk: a walk of its own
                 return Tree(self.module)
         return self._tree
+
+    def _returns_ddp(self, call: cst.Call) -> bool:
+        """`call` is `DistributedDataParallel(...)` or a helper of this file returning one."""
+        return self.model.call_returns(call, DDP)
 
     def local_function(self, qualified: str) -> LocalFunction | None:
         """The definition of an imported helper (`utils.save_checkpoint`) in a local module
@@ -164,26 +168,31 @@ class _Dispatcher:
     def __init__(self, context: Context, rules: Sequence[Rule], crashes: list[str]) -> None:
         self.context = context
         self.crashes = crashes
-        self.failed: set[Rule] = set()
         self.parents: dict[cst.CSTNode, cst.CSTNode] = context.parents
+        # Node type name -> the handlers of the rules still running, bound to their rule.
         self.visitors: dict[str, list] = defaultdict(list)
         self.leavers: dict[str, list] = defaultdict(list)
         for rule in rules:
             for name, handler in rule.bound_handlers("visit_").items():
-                self.visitors[name].append((rule, handler))
+                self.visitors[name].append(handler)
             for name, handler in rule.bound_handlers("leave_").items():
-                self.leavers[name].append((rule, handler))
+                self.leavers[name].append(handler)
 
     def _call(self, handlers: list, node: cst.CSTNode) -> None:
-        for rule, handler in handlers:
-            if rule in self.failed:
-                continue
+        for handler in handlers:
             try:
                 handler(node)
             except Exception as exc:  # noqa: BLE001 - isolate one rule's bug
-                self.failed.add(rule)
-                rule.reports.clear()
-                self.crashes.append(f"rule {rule.CODE} failed: {type(exc).__name__}: {exc}")
+                self._switch_off(handler.__self__, exc)
+
+    def _switch_off(self, rule: Rule, exc: Exception) -> None:
+        """Drop a rule that raised, and its findings in this file. The lists are replaced,
+        not changed in place: the loop over the current node's handlers goes on."""
+        for table in (self.visitors, self.leavers):
+            for name, handlers in table.items():
+                table[name] = [handler for handler in handlers if handler.__self__ is not rule]
+        rule.reports.clear()
+        self.crashes.append(f"rule {rule.CODE} failed: {type(exc).__name__}: {exc}")
 
     def enter(self, node: cst.CSTNode) -> None:
         ancestors = self.context.ancestors
@@ -191,18 +200,20 @@ class _Dispatcher:
             self.parents[node] = ancestors[-1]
         ancestors.append(node)
         self.context.model.visit(node)
-        if type(node) in FED_TYPES:
+        node_type = type(node)
+        if node_type in FED_TYPES:
             self.context.wrappers.visit(node, ancestors)
-        handlers = self.visitors.get(type(node).__name__)
+        handlers = self.visitors.get(node_type.__name__)
         if handlers:  # most nodes (names, operators, whitespace) have none
             self._call(handlers, node)
-        if type(node) is cst.FunctionDef:
+        if node_type is cst.FunctionDef:
             self.context.functions.append(node)
 
     def leave(self, node: cst.CSTNode) -> None:
-        if type(node) is cst.FunctionDef:
+        node_type = type(node)
+        if node_type is cst.FunctionDef:
             self.context.functions.pop()
-        handlers = self.leavers.get(type(node).__name__)
+        handlers = self.leavers.get(node_type.__name__)
         if handlers:
             self._call(handlers, node)
         self.context.ancestors.pop()

@@ -159,3 +159,17 @@ def test_used_names_leave_out_the_names_of_import_lines_only():
     assert "json" in used  # its line begins with an assignment
     assert "barrier" not in used  # an attribute's name is no local name
     assert {"outer", "inner", "model", "handle"} <= used
+
+
+def test_owner_is_the_module_holding_a_node_for_a_tree_and_a_project_view():
+    from ddpify.analysis.project import ProjectView
+
+    entry = Tree(cst.parse_module("import helper\nhelper.run()\n"))
+    helper = Tree(cst.parse_module("def run():\n    return 1\n"))
+    view = ProjectView([entry, helper])
+    call = entry.find(cst.Call)[0]
+    returned = helper.find(cst.Return)[0]
+    assert entry.owner(call) is entry
+    assert view.owner(call) is entry
+    assert view.owner(returned) is helper
+    assert view.owner(cst.Name("elsewhere")) is None

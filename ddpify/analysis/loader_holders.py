@@ -43,7 +43,7 @@ def held_loaders(view) -> dict[str, HeldLoader]:
             cls = classes.get(name)
             if len(calls) != 1 or cls is None:
                 continue
-            attribute = bound_target(_tree_of(view, calls[0]), calls[0])
+            attribute = bound_target(view.owner(calls[0]), calls[0])
             if attribute is not None:
                 found[name] = HeldLoader(
                     name, attribute, calls[0], class_methods(cls).get("set_epoch")
@@ -61,18 +61,12 @@ def held_loader_of(view, loop: cst.For) -> tuple[str, HeldLoader] | None:
     holders = held_loaders(view)
     if not holders or not isinstance(loop, cst.For):
         return None
-    tree = _tree_of(view, loop)
+    tree = view.owner(loop)
     source = iterated_source(tree, loop) if tree is not None else None
     if source is None or source.made_by is None or _class_at_run_time(view, source.made_by):
         return None
     holder = _holder_made_by(view, source.made_by, holders, depth=0)
     return (source.name, holders[holder]) if holder is not None else None
-
-
-def _tree_of(view, node: cst.CSTNode):
-    """The module that holds `node`: a project view's owner, or the one tree itself."""
-    owner = getattr(view, "owner", None)
-    return owner(node) if owner is not None else view
 
 
 def _holder_made_by(view, call: cst.Call, holders: dict, depth: int) -> str | None:

@@ -66,6 +66,10 @@ _VISITED_TYPES = frozenset(
 )
 
 
+def _is_distributed_call(name: str) -> bool:
+    return name in MULTIPROCESS_CALLS or name.startswith("torch.distributed.")
+
+
 def unwrap_call_chain(expr: cst.BaseExpression) -> cst.Call | None:
     """The innermost constructor call of `Foo(...).to(dev).cuda()`, else `expr` if a call."""
     while (
@@ -88,6 +92,9 @@ class ScriptModel:
         # Recorded string literals (launcher variables, CUDA_VISIBLE_DEVICES).
         self.strings: set[str] = set()
         self._returns: dict[str, frozenset[str]] = {}  # memo of `returned_calls`
+        # Whether a call recorded so far starts or uses processes (see `is_distributed`):
+        # kept as calls are recorded, since rules ask it for many calls of a walk.
+        self._calls_distributed = False
 
     # -- collection, driven by the engine ------------------------------------------
 
@@ -98,6 +105,7 @@ class ScriptModel:
             name = self.imports.qualify(node.func)
             if name is not None:
                 self.calls[name].append(node)
+                self._calls_distributed = self._calls_distributed or _is_distributed_call(name)
             method = method_name(node)
             if method is not None:
                 self.method_calls[method].append(node)
@@ -138,10 +146,7 @@ class ScriptModel:
         """The script runs as several processes: a `torch.distributed` call, DDP, a
         DistributedSampler, mp.spawn, or torchrun's environment variables. Single-process
         scripts are not wrong for lacking what DDP needs."""
-        return bool(self.strings & LAUNCHER_STRINGS) or any(
-            name in MULTIPROCESS_CALLS or name.startswith("torch.distributed.")
-            for name in self.calls
-        )
+        return self._calls_distributed or bool(self.strings & LAUNCHER_STRINGS)
 
     def calls_to(self, *names: str) -> list[cst.Call]:
         return [call for name in names for call in self.calls.get(name, ())]

@@ -67,17 +67,21 @@ def _setattr_around(tree, call: cst.Call) -> cst.Call | None:
     return None
 
 
+def fetched_from_self(value: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """The attribute name `value` reads from `self` when it is `getattr(self, <name>)`
+    (a net fetched by name: `getattr(self, "net" + name)`); None for anything else."""
+    if not (isinstance(value, cst.Call) and dotted(value.func) == "getattr"):
+        return None
+    args = value.args
+    if len(args) != 2 or dotted(args[0].value) != "self":
+        return None
+    return args[1].value
+
+
 def _got_by_name(tree, call: cst.Call, net: str, attribute: str) -> bool:
     """`net = getattr(self, <attribute>)`, the one binding of `net` in the function."""
-    getter = only_value_in_function(tree, call, net)
-    if not isinstance(getter, cst.Call):
-        return False
-    return (
-        dotted(getter.func) == "getattr"
-        and len(getter.args) == 2
-        and dotted(getter.args[0].value) == "self"
-        and tree.code(getter.args[1].value) == attribute
-    )
+    fetched = fetched_from_self(only_value_in_function(tree, call, net))
+    return fetched is not None and tree.code(fetched) == attribute
 
 
 def _prefix(attribute: cst.BaseExpression) -> str:

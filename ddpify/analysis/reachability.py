@@ -68,11 +68,8 @@ def enclosing_top_level_unit(
 def _imported_owner(view, node: cst.CSTNode):
     """The module `node` lies in, when it is one the entry script imports (not the entry
     itself); None otherwise, and always for a single Tree (its own entry)."""
-    trees = getattr(view, "trees", None)
-    if not trees:
-        return None
     tree = view.owner(node)
-    return None if tree is None or tree is trees[0] else tree
+    return None if tree is None or tree is getattr(view, "trees", [view])[0] else tree
 
 
 def in_imported_main_block(view, node: cst.CSTNode) -> bool:

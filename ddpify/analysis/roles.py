@@ -531,7 +531,7 @@ def _before_its_wrap(view, call: cst.Call, name: str, wraps) -> bool:
     """Whether `call` comes before a statement of its own function that wraps `name`."""
     scope = view.scope(call)
     statement = view.statement(call)
-    owner = view.owner(call) if hasattr(view, "owner") else view  # a project, or one module
+    owner = view.owner(call)
     for target, wrap in wraps:
         if target != name or wrap is None or view.scope(wrap) is not scope:
             continue
@@ -986,10 +986,9 @@ def _holds_trained(tree: Tree, call: cst.Call, target: str) -> bool:
         around = class_of(view, optimizer)
         if around in family and target in trained_owners(view, optimizer):
             return True
-    owner = view.owner(call) if hasattr(view, "owner") else tree
     return any(
         name == target and view.inside(statement, cls)
-        for name, statement in stored_models(owner or tree)
+        for name, statement in stored_models(view.owner(call) or tree)
     )
 
 
@@ -1712,18 +1711,12 @@ def loader_holding_classes(tree: Tree) -> list[tuple[str, cst.Call]]:
             target: call
             for call in view.within(cls, cst.Call)
             if view.qualify(call.func) == DATA_LOADER
-            and (target := bound_target(_owner_of(view, call) or tree, call)) is not None
+            and (target := bound_target(view.owner(call) or tree, call)) is not None
             and target.startswith("self.")
         }
         iterates = _iterated_attributes(view, cls)
         found += [(cls.name.value, call) for name, call in loaders.items() if name in iterates]
     return found
-
-
-def _owner_of(view, node: cst.CSTNode) -> Tree | None:
-    """The module of a project view that holds `node`; None for a single tree."""
-    owner = getattr(view, "owner", None)
-    return owner(node) if owner is not None else None
 
 
 def _iterated_attributes(view, cls: cst.ClassDef) -> set[str]:
@@ -1829,7 +1822,7 @@ def statement_before(view, node: cst.CSTNode, other: cst.CSTNode) -> bool:
     """Whether the statement holding `node` comes before the one holding `other`, in one
     module (`view`: a project view, or the module's own tree)."""
     first, second = view.statement(node), view.statement(other)
-    tree = view.owner(node) if hasattr(view, "owner") else view
+    tree = view.owner(node)
     if tree is None or first is None or second is None or first is second:
         return False
     return tree.order.get(first, 0) < tree.order.get(second, 0)

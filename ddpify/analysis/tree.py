@@ -225,6 +225,12 @@ class Tree:
             current = self.parent.get(current)
         return False
 
+    def owner(self, node: cst.CSTNode) -> Tree:
+        """The module that holds `node`: for one module's tree, the tree itself (a
+        `ProjectView` answers the same question with the module a node belongs to), so
+        code that takes either asks `view.owner(node)` alike."""
+        return self
+
     def owns(self, node: cst.CSTNode) -> bool:
         """Whether `node` belongs to this module (not to another module of the project)."""
         return node in self.order

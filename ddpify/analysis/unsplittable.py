@@ -106,8 +106,8 @@ def _full_batch(tree, loop, models: set[str]) -> UnsplittableStep | None:
         return None
     bound = set().union(*(_bound_names(body) for body in bodies))
     # `global X` in a function of the module: X may be rebound each step out of sight.
-    owner = tree.view.owner(loop) if hasattr(tree.view, "owner") else tree
-    bound |= {n.name.value for g in (owner or tree).find(cst.Global) for n in g.names}
+    owner = tree.view.owner(loop) or tree
+    bound |= {n.name.value for g in owner.find(cst.Global) for n in g.names}
     handed = _handed_in(loop, called)
     read: list[str] = []
     for call in calls:
@@ -200,8 +200,7 @@ def _is_pull(call: cst.Call) -> bool:
 
 def called_bodies(tree, loop) -> list[cst.FunctionDef]:
     """The functions of the loop's module that the loop calls by name (`train(epoch)`)."""
-    owner = tree.view.owner(loop) if hasattr(tree.view, "owner") else tree
-    functions = (owner or tree).functions()
+    functions = (tree.view.owner(loop) or tree).functions()
     found = []
     for node in body_nodes(loop):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):

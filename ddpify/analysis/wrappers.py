@@ -11,6 +11,9 @@ and training-loop areas read it (`always_wrapped_in` asks it of another module's
   `DDP(model.to(dev))`), its statement and its place in the file;
 - `wrap_held(expr, ancestors, seq)`: the wrap a name or `self.attr` holds at a point
   of the script (scoped: a function's own names, a class's `self.` attributes, globals);
+- `wrapper_binding(expr, place)`: the assignment of a wrapper (a helper of the file that
+  returns one counted) that a name holds at a point, read in source order alone, as the
+  rank-0 rules follow a saved, loaded or evaluated model; `assignment_before`, any name's;
 - `wrapped_names()`, `always_wrapped(name)`: the same bindings by name alone, whatever
   the scope (a training loop in `train(model, ...)` reads the `model` that `main` wrapped
   and passed it): the names ever assigned a wrapper, and whether every assignment of a
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -144,6 +147,12 @@ class WrapperFacts:
     bindings: dict[tuple[int, str], list[Binding]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # Whether a call returns a DDP wrapper: the engine counts a helper of the file that
+    # returns one (`model = wrap_model(model)`); else only `DistributedDataParallel(...)`.
+    returns_ddp: Callable[[cst.Call], bool] | None = None
+    # Names ever assigned a wrapper (`returns_wrapper`, judged when assigned): a cheap
+    # filter before `wrapper_binding`.
+    wrapper_names: set[str] = field(default_factory=set)
     _wrap_by_call: dict[int, Wrap] = field(default_factory=dict)
     _last: cst.CSTNode | None = None
 
@@ -178,6 +187,8 @@ class WrapperFacts:
         if name is not None:
             key = (id(binding_scope(name, ancestors)), name)
             self.bindings[key].append(Binding(value, Place(ancestors, self.seq)))
+            if self.returns_wrapper(value):
+                self.wrapper_names.add(name)
         elif type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List):
             for t, v in zip(target.elements, value.elements):
                 self._bind(t.value, v.value, ancestors)
@@ -214,6 +225,55 @@ class WrapperFacts:
             if is_parameter(scope, name):
                 return None
         return None
+
+    def assignment_before(self, name: str, place: Place) -> Binding | None:
+        """The assignment `name` holds at `place` in source order alone, whatever branch
+        either sits in: the latest one before it in its scope (a function reads a global
+        after the whole module ran); for `self.x`, the latest before it in its class,
+        else the class's last. What the rank-0 rules follow (a saved or loaded name)."""
+        ancestors, seq = place.ancestors, place.seq
+        if name.startswith("self."):
+            found = self.bindings.get((id(innermost(ancestors, cst.ClassDef)), name), [])
+            before = [b for b in found if b.place.seq < seq]
+            return (before or found or [None])[-1]
+        for scope in reversed(ancestors):
+            if type(scope) not in (cst.FunctionDef, cst.Module):
+                continue
+            found = self.bindings.get((id(scope), name), [])
+            if type(scope) is cst.Module:
+                before = [b for b in found if b.place.seq < seq]
+                if any(type(a) is cst.FunctionDef for a in ancestors):
+                    before = found
+                return before[-1] if before else None
+            if found:
+                before = [b for b in found if b.place.seq < seq]
+                return before[-1] if before else None
+            if is_parameter(scope, name):
+                return None
+        return None
+
+    def wrapper_binding(self, expr: cst.BaseExpression, place: Place) -> Binding | None:
+        """The assignment of a DDP wrapper that `expr` (a name or `self.attr`) holds at
+        `place` (by `assignment_before`, a helper returning a wrapper counted), if any."""
+        name = dotted(expr)
+        if name not in self.wrapper_names:
+            return None
+        binding = self.assignment_before(name, place)
+        if binding is None or not self.returns_wrapper(binding.value):
+            return None
+        return binding
+
+    def returns_wrapper(self, value: cst.BaseExpression) -> bool:
+        """`DDP(m)`, `DDP(m).to(d)`, either branch of `x if c else y`, or with
+        `returns_ddp`, a call of a helper that returns a wrapper."""
+        if type(value) is cst.IfExp:
+            return self.returns_wrapper(value.body) or self.returns_wrapper(value.orelse)
+        call = unwrap_call_chain(value)
+        if call is None:
+            return False
+        if self.returns_ddp is not None:
+            return self.returns_ddp(call)
+        return self.imports.qualify(call.func) == DDP
 
     def wrap_in(self, value: cst.BaseExpression) -> Wrap | None:
         """The wrap `value` evaluates to: `DDP(m)`, `DDP(m).to(dev)`, `x if c else DDP(m)`."""

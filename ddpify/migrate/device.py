@@ -83,7 +83,7 @@ def _device_id_lists(tree: Tree) -> set[str]:
     found = set()
     view = tree.view
     for call in view.calls_to(DATA_PARALLEL):
-        owner = view.owner(call) if view is not tree else tree
+        owner = view.owner(call)
         if owner is None or not data_parallel_of_trained(owner, call, False):
             continue
         ids = find_arg(call, "device_ids", 1)

@@ -221,7 +221,7 @@ def _called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
     if not calls:
         return False
     for call in calls:
-        owner = _tree_of(view, call)
+        owner = view.owner(call)
         if owner is None or rank_zero_scope(owner.ancestors(call)) is not None:
             return False
         if owner.function(call) is None and not _after_group_exists(owner, call):
@@ -240,10 +240,3 @@ def _after_group_exists(tree: Tree, call: cst.Call) -> bool:
 
 def _sets_up_group(tree: Tree, call: cst.Call) -> bool:
     return (dotted(call.func) or "") == SETUP_FUNCTION or tree.qualify(call.func) == INIT_PG
-
-
-def _tree_of(view, node: cst.CSTNode) -> Tree | None:
-    for tree in getattr(view, "trees", [view]):
-        if tree.owns(node):
-            return tree
-    return None

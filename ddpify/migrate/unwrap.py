@@ -19,6 +19,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.model import ScriptModel
+from ddpify.analysis.named_wraps import fetched_from_self
 from ddpify.analysis.names import ImportMap, dotted
 from ddpify.analysis.roles import mixed_receivers, wrapper_receivers
 from ddpify.analysis.tree import Tree
@@ -149,13 +150,8 @@ def _fetched_by_name(tree: Tree, function: cst.FunctionDef) -> set[str]:
     """Names bound in `function` to `getattr(self, <a computed name>)`."""
     found = set()
     for assign in tree.within(function, cst.Assign):
-        value = assign.value
-        if not (isinstance(value, cst.Call) and dotted(value.func) == "getattr"):
-            continue
-        args = value.args
-        if len(args) != 2 or dotted(args[0].value) != "self":
-            continue
-        if isinstance(args[1].value, cst.SimpleString):
+        attribute = fetched_from_self(assign.value)
+        if attribute is None or isinstance(attribute, cst.SimpleString):
             continue  # a literal attribute: the wrap pass traces it like `self.netG`
         for target in assign.targets:
             if isinstance(target.target, cst.Name):

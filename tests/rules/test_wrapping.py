@@ -9,9 +9,10 @@ import textwrap
 import libcst as cst
 import pytest
 
-from ddpify.analysis.wrappers import Place, collect, may_follow
+from ddpify.analysis.names import dotted
+from ddpify.analysis.wrappers import FED_TYPES, Place, collect, may_follow
 from ddpify.diagnostics import Severity
-from ddpify.walk import walk
+from ddpify.walk import subtree, walk
 from tests.helpers import codes, lint
 
 HEAD = (
@@ -486,3 +487,81 @@ def test_compile_of_the_wrapper_is_info(body):
 )
 def test_compile_order_quiet(body):
     assert found(body, "DDP035") == []
+
+
+def _engine_wrappers(source: str):
+    """The wrapper facts the engine's walk feeds, seen at the end of the walk."""
+    from ddpify import engine
+    from ddpify.rules import select_rules
+
+    module = cst.parse_module(src(source))
+    seen = {}
+
+    class Probe(select_rules(["DDP051"])[0]):
+        def leave_Module(self, node):
+            seen["facts"] = self.context.wrappers
+            super().leave_Module(node)
+
+    engine.run_rules(module, [Probe])
+    return module, seen["facts"]
+
+
+def _place_of(facts, module, node):
+    """The place `node` has in the facts' numbering (calls and assignments, pre-order)."""
+    ancestors, found = [], []
+
+    def enter(visited):
+        ancestors.append(visited)
+        if visited is node:
+            found.append(tuple(ancestors))
+
+    walk(module, enter, lambda visited: ancestors.pop())
+    fed = [n for n in subtree(module) if type(n) in FED_TYPES]
+    return Place(found[0], fed.index(node) + 1)
+
+
+def _saves(module: cst.Module) -> list[cst.Call]:
+    return [c for c in subtree(module) if type(c) is cst.Call and dotted(c.func) == "torch.save"]
+
+
+def test_wrapper_binding_counts_a_helper_returning_the_wrapper():
+    module, facts = _engine_wrappers("""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def wrap(m):
+        return DDP(m)
+
+    model = torch.nn.Linear(2, 2)
+    torch.save(model, "before.pt")
+    model = wrap(model)
+    torch.save(model, "after.pt")
+    """)
+    before, after = [
+        c for c in subtree(module) if type(c) is cst.Call and dotted(c.func) == "torch.save"
+    ]
+    name = before.args[0].value
+    assert facts.wrapper_names == {"model"}
+    assert facts.wrapper_binding(name, _place_of(facts, module, before)) is None
+    binding = facts.wrapper_binding(after.args[0].value, _place_of(facts, module, after))
+    assert binding is not None and dotted(binding.value.func) == "wrap"
+
+
+def test_wrapper_binding_reads_source_order_whatever_the_branch():
+    """Unlike `binding_of`, an assignment in the other branch of an `if` still counts:
+    the rank-0 rules read the latest assignment before a point in source order."""
+    module, facts = _engine_wrappers("""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def main(distributed):
+        model = torch.nn.Linear(2, 2)
+        if distributed:
+            model = DDP(model)
+        else:
+            torch.save(model, "m.pt")
+    """)
+    [save] = _saves(module)
+    place = _place_of(facts, module, save)
+    assert facts.wrapper_binding(save.args[0].value, place) is not None
+    assert facts.binding_of("model", place).value.func.attr.value == "Linear"

@@ -8,6 +8,9 @@ grows the same questions.
 from __future__ import annotations
 
 import enum
+import functools
+from collections import defaultdict
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -15,6 +18,7 @@ from ddpify.analysis.guards import Scope, rank_scope, single_process_only
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap, dotted
 from ddpify.rules.base import Rule
+from ddpify.walk import children
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
@@ -48,6 +52,11 @@ class DistributedRule(Rule):
     def is_distributed(self) -> bool:
         """Plain DDP code in this file: not single-GPU, not delegated to a framework."""
         return self.model.framework is None and self.model.is_distributed
+
+    @functools.cached_property
+    def resolver(self) -> RankResolver:
+        """One per file: it keeps what it read of each scope for the next question."""
+        return RankResolver(self.model, self.context.module)
 
     def pins_visible_devices(self) -> bool:
         return PINNED_VISIBLE_DEVICES in self.model.strings
@@ -83,56 +92,45 @@ def function_parameters(func: cst.FunctionDef | None) -> set[str]:
     return {param.name.value for param in every}
 
 
-def assignments_in(
-    body: cst.CSTNode, target: str, distributed_only: bool = False
-) -> list[cst.BaseExpression]:
-    """Values assigned to `target` in `body`, not descending into nested functions; with
-    `distributed_only`, none from a branch that runs only without a process group, and no
-    constant from an `except` fallback (`except Exception: rank = 0`)."""
-    found: list[cst.BaseExpression] = []
-
-    class _Collect(cst.CSTVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.handlers = 0
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is body
-
-        def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-            self.handlers += 1
-
-        def leave_ExceptHandler(self, original_node: cst.ExceptHandler) -> None:
-            self.handlers -= 1
-
-        def _fallback(self, value: cst.BaseExpression) -> bool:
-            return distributed_only and self.handlers > 0 and _is_integer(value)
-
-        def visit_If(self, node: cst.If) -> bool:
-            if not distributed_only:
-                return True
-            if not single_process_only(node.test):
-                node.body.visit(self)
-            if node.orelse is not None and not single_process_only(node.test, orelse=True):
-                node.orelse.visit(self)
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-        def visit_Assign(self, node: cst.Assign) -> None:
-            if self._fallback(node.value):
-                return
-            for assign_target in node.targets:
-                if dotted(assign_target.target) == target:
-                    found.append(node.value)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            if node.value is not None and dotted(node.target) == target:
-                found.append(node.value)
-
-    body.visit(_Collect())
+def assignments_by_name(
+    body: cst.CSTNode, distributed_only: bool = False
+) -> dict[str, list[cst.BaseExpression]]:
+    """Values assigned to each name in `body`, in source order, not descending into nested
+    functions or classes; with `distributed_only`, none from a branch that runs only
+    without a process group, and no constant from an `except` fallback (`except
+    Exception: rank = 0`). One read-only pass (libcst's `visit` rebuilds every node it
+    passes, which costs about a parse)."""
+    found: dict[str, list[cst.BaseExpression]] = defaultdict(list)
+    stack: list[tuple[cst.CSTNode, bool]] = [(body, False)]  # (node, inside an except)
+    while stack:
+        node, handled = stack.pop()
+        kind = type(node)
+        if kind is cst.ClassDef or (kind is cst.FunctionDef and node is not body):
+            continue
+        if kind is cst.Assign:
+            if not (distributed_only and handled and _is_integer(node.value)):
+                for assign_target in node.targets:
+                    _add(found, assign_target.target, node.value)
+        elif kind is cst.AnnAssign and node.value is not None:
+            _add(found, node.target, node.value)
+        handled = handled or kind is cst.ExceptHandler
+        branches = _branches(node) if distributed_only and kind is cst.If else children(node)
+        stack.extend((child, handled) for child in reversed(list(branches)))
     return found
+
+
+def _add(found: dict, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    name = dotted(target)
+    if name is not None:
+        found[name].append(value)
+
+
+def _branches(node: cst.If) -> Iterator[cst.CSTNode]:
+    """The branches of `if` that may run with a process group (the test holds none)."""
+    if not single_process_only(node.test):
+        yield node.body
+    if node.orelse is not None and not single_process_only(node.test, orelse=True):
+        yield node.orelse
 
 
 def _is_integer(value: cst.BaseExpression) -> bool:
@@ -153,6 +151,8 @@ class RankResolver:
         self.model = model
         self.imports = model.imports
         self.module = module
+        # (id of a scope, distributed_only) -> (the scope, its assignments by name).
+        self._assigned: dict[tuple[int, bool], tuple[cst.CSTNode, dict]] = {}
 
     def resolve(
         self, expr: cst.BaseExpression, func: cst.FunctionDef | None, depth: int = 0
@@ -225,14 +225,23 @@ class RankResolver:
         if name in function_parameters(func):
             return None
         scope: cst.CSTNode = func if func is not None else self.module
-        values = assignments_in(scope, name)
+        values = self._assignments(scope, name)
         if not values and func is not None:
             scope, func = self.module, None
-            values = assignments_in(scope, name)
+            values = self._assignments(scope, name)
         # `else: rank = 0` under `if distributed:` says nothing about the rank the
         # distributed branch holds: judge by the other assignments.
-        values = assignments_in(scope, name, distributed_only=True) or values
+        values = self._assignments(scope, name, distributed_only=True) or values
         return self._combine([self.resolve(v, func, depth + 1) for v in values])
+
+    def _assignments(
+        self, scope: cst.CSTNode, name: str, distributed_only: bool = False
+    ) -> list[cst.BaseExpression]:
+        """Values assigned to `name` in `scope`: each scope read once for every name."""
+        key = (id(scope), distributed_only)
+        if key not in self._assigned:  # the entry keeps the scope alive: its id stays its own
+            self._assigned[key] = (scope, assignments_by_name(scope, distributed_only))
+        return self._assigned[key][1].get(name, [])
 
     @staticmethod
     def _combine(results: list[tuple[Rank, str] | None]) -> tuple[Rank, str] | None:

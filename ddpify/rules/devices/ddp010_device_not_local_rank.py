@@ -12,7 +12,6 @@ from ddpify.rules.devices._common import (
     SET_DEVICE,
     DistributedRule,
     Rank,
-    RankResolver,
     string_value,
 )
 
@@ -154,8 +153,7 @@ class DeviceNotLocalRank(DistributedRule):
         index = _index_expression(value)
         if index is None:
             return
-        resolver = RankResolver(self.model, self.context.module)
-        origin = resolver.resolve(index, self.enclosing_function())
+        origin = self.resolver.resolve(index, self.enclosing_function())
         if origin is not None and origin[0] is Rank.GLOBAL:
             self.global_rank_uses.append((use, self._spelling(use), origin[1]))
 

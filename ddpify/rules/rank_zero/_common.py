@@ -1,5 +1,6 @@
-"""Facts the rank-0 rules share: where each helper is called from, which names hold the
-DDP wrapper at a point of the script, and whether a node runs on rank 0 only.
+"""Facts the rank-0 rules share: where each helper is called from, what a name is bound
+to, and whether a node runs on rank 0 only (which names hold the DDP wrapper at a point
+of the script is `context.wrappers.wrapper_binding`, ddpify/analysis/wrappers.py).
 
 The engine visits once; the rules record candidates with a snapshot of their ancestors
 and decide in `leave_Module`, when every helper's call sites are known. Snapshots are
@@ -25,9 +26,8 @@ from ddpify.analysis.guards import (
     excludes_rank_zero,
     rank_zero_scope,
 )
-from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.names import dotted
-from ddpify.analysis.wrappers import is_parameter
+from ddpify.analysis.wrappers import Binding as WrapperBinding
 from ddpify.rules.base import Rule
 from ddpify.walk import children, is_kind
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 Ancestors = tuple[cst.CSTNode, ...]
 
 DIST = "torch.distributed"
-DDP = "torch.nn.parallel.DistributedDataParallel"
 SPAWN_CALLS = {
     "torch.multiprocessing.spawn",
     "torch.multiprocessing.start_processes",
@@ -187,14 +186,6 @@ class Binding:
     ancestors: Ancestors
     item: bool = False  # `target[key] = value`: adds to the object, does not rebind
 
-    def conditions(self) -> frozenset[int]:
-        """The `if`s the binding depends on (not `__main__`, which every run takes)."""
-        return frozenset(
-            id(parent)
-            for parent in self.ancestors
-            if type(parent) in (cst.If, cst.IfExp) and not _is_main_check(parent.test)
-        )
-
 
 @dataclass
 class RankZeroFacts:
@@ -207,8 +198,6 @@ class RankZeroFacts:
     )
     # The same bindings by name alone, whatever the scope: what `assigned_anywhere` reads.
     bindings_by_name: dict[str, list[Binding]] = field(default_factory=lambda: defaultdict(list))
-    # Every name ever assigned a DDP wrapper: a cheap filter before `wrapper_binding`.
-    wrapper_names: set[str] = field(default_factory=set)
     callee: str | None = None  # the qualified name of the call visited last
     _seen: dict[str, cst.CSTNode] = field(default_factory=dict)
     _resolved: dict[tuple[str, bool, bool], Resolution] = field(default_factory=dict)
@@ -219,7 +208,9 @@ class RankZeroFacts:
         if self._seen.get(kind) is node:
             return False
         self._seen[kind] = node
-        self.seq += 1
+        # The engine's wrapper facts number the same nodes (calls, assignments) as they
+        # are visited: one order, so a place here can be asked about there.
+        self.seq = self.context.wrappers.seq
         return True
 
     # -- recording ---------------------------------------------------------------------
@@ -275,8 +266,6 @@ class RankZeroFacts:
             binding = Binding(self.seq, value, ancestors, item)
             self.bindings[key].append(binding)
             self.bindings_by_name[name].append(binding)
-            if not item and self.wraps_ddp(value):
-                self.wrapper_names.add(name)
         elif type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List):
             for t, v in zip(target.elements, value.elements):
                 self._bind(t.value, v.value, ancestors)
@@ -370,52 +359,10 @@ class RankZeroFacts:
             for value in values
         )
 
-    # -- the DDP wrapper ---------------------------------------------------------------
-
-    def binding_of(self, name: str, ancestors: Ancestors, seq: int) -> Binding | None:
-        """The assignment that `name` refers to at the point `ancestors`/`seq`, if any."""
-        if name.startswith("self."):
-            cls = innermost(ancestors, cst.ClassDef)
-            found = self.bindings.get((id(cls), name), [])
-            rebinds = [b for b in found if not b.item]
-            before = [b for b in rebinds if b.seq < seq]
-            return (before or rebinds or [None])[-1]
-        for scope in _enclosing_scopes(ancestors):
-            found = [b for b in self.bindings.get((id(scope), name), []) if not b.item]
-            if type(scope) is cst.Module:
-                before = [b for b in found if b.seq < seq]
-                # A function reads a global when it runs, after the whole module ran.
-                if any(type(a) is cst.FunctionDef for a in ancestors):
-                    before = found
-                return before[-1] if before else None
-            if found:
-                before = [b for b in found if b.seq < seq]
-                return before[-1] if before else None
-            if type(scope) is cst.FunctionDef and is_parameter(scope, name):
-                return None
-        return None
-
     def items_of(self, name: str, ancestors: Ancestors, seq: int) -> list[Binding]:
         """`name[key] = value` assignments before `seq`, in the same scope."""
         key = (id(binding_scope(name, ancestors)), name)
         return [b for b in self.bindings.get(key, []) if b.item and b.seq < seq]
-
-    def wrapper_binding(self, expr: cst.BaseExpression, ancestors, seq) -> Binding | None:
-        """The DDP assignment `expr` (a name or `self.attr`) holds at that point, if any."""
-        name = dotted(expr)
-        if name not in self.wrapper_names:
-            return None
-        binding = self.binding_of(name, ancestors, seq)
-        if binding is None or not self.wraps_ddp(binding.value):
-            return None
-        return binding
-
-    def wraps_ddp(self, value: cst.BaseExpression) -> bool:
-        if type(value) is cst.IfExp:
-            return self.wraps_ddp(value.body) or self.wraps_ddp(value.orelse)
-        call = unwrap_call_chain(value)
-        # `model = wrap_model(model)`: a helper of this file that returns `DDP(...)`.
-        return call is not None and self.context.model.call_returns(call, DDP)
 
 
 def binding_scope(name: str, ancestors: Sequence[cst.CSTNode]) -> cst.CSTNode | None:
@@ -425,16 +372,16 @@ def binding_scope(name: str, ancestors: Sequence[cst.CSTNode]) -> cst.CSTNode | 
     return innermost(ancestors, cst.FunctionDef, cst.Module)
 
 
-def _enclosing_scopes(ancestors: Sequence[cst.CSTNode]) -> Iterator[cst.CSTNode]:
-    for node in reversed(ancestors):
-        if type(node) in (cst.FunctionDef, cst.Module):
-            yield node
-
-
-def unconditional_for(binding: Binding, ancestors: Sequence[cst.CSTNode]) -> bool:
-    """Whether every path reaching `ancestors`' node went through `binding`."""
+def unconditional_for(binding: WrapperBinding, ancestors: Sequence[cst.CSTNode]) -> bool:
+    """Whether every path reaching `ancestors`' node went through `binding`: every `if`
+    around the assignment (not `__main__`, which every run takes) holds the node too."""
     shared = {id(a) for a in ancestors}
-    return binding.conditions() <= shared and type(binding.value) is not cst.IfExp
+    conditions = {
+        id(parent)
+        for parent in binding.place.ancestors
+        if type(parent) in (cst.If, cst.IfExp) and not _is_main_check(parent.test)
+    }
+    return conditions <= shared and type(binding.value) is not cst.IfExp
 
 
 def under_flag(ancestors: Sequence[cst.CSTNode], is_guard_flag) -> bool:

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.names import dotted
+from ddpify.analysis.wrappers import Binding, Place
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.rank_zero._common import (
     Ancestors,
-    Binding,
     RankZeroRule,
     keyword_arg,
     last_name,
@@ -78,7 +78,9 @@ class SavesWrapper(RankZeroRule):
         for load in self.loads:
             receiver = load.call.func.value  # type: ignore[attr-defined]
             name = dotted(receiver)
-            if name and self.facts.wrapper_binding(receiver, load.ancestors, load.seq):
+            if name and self.context.wrappers.wrapper_binding(
+                receiver, Place(load.ancestors, load.seq)
+            ):
                 loaded.add(name)
         return loaded
 
@@ -95,19 +97,21 @@ class SavesWrapper(RankZeroRule):
         """`x.state_dict()` calls on the wrapper in what is saved, following a name once
         (`ckpt = {"model": model.state_dict()}` then `torch.save(ckpt, path)`)."""
         for value in self._saved_values(save):
-            sources = [(value, save.ancestors, save.seq)]
+            place = Place(save.ancestors, save.seq)
+            sources = [(value, place)]
             name = dotted(value)
             if name is not None:
-                bound = self.facts.binding_of(name, save.ancestors, save.seq)
+                bound = self.context.wrappers.assignment_before(name, place)
+                if bound is not None:
+                    sources.append((bound.value, bound.place))
                 items = self.facts.items_of(name, save.ancestors, save.seq)
-                for binding in [bound, *items] if bound else items:
-                    sources.append((binding.value, binding.ancestors, binding.seq))
-            for expr, ancestors, seq in sources:
+                sources += [(item.value, Place(item.ancestors, item.seq)) for item in items]
+            for expr, where in sources:
                 for call in _state_dict_calls(expr):
                     receiver = call.func.value  # type: ignore[attr-defined]
-                    binding = self.facts.wrapper_binding(receiver, ancestors, seq)
+                    binding = self.context.wrappers.wrapper_binding(receiver, where)
                     if binding is not None:
-                        yield call, binding, ancestors
+                        yield call, binding, where.ancestors
 
     def _report_state_dict(self, call: cst.Call, binding: Binding, ancestors: Ancestors) -> None:
         receiver = call.func.value  # type: ignore[attr-defined]
@@ -135,7 +139,7 @@ class SavesWrapper(RankZeroRule):
         arg = keyword_arg(save.call, "obj") or positional_arg(save.call, 0)
         if arg is None:
             return
-        binding = self.facts.wrapper_binding(arg.value, save.ancestors, save.seq)
+        binding = self.context.wrappers.wrapper_binding(arg.value, Place(save.ancestors, save.seq))
         if binding is None:
             return
         shown = self.context.code(arg.value)

@@ -6,6 +6,7 @@ import libcst as cst
 
 from ddpify.analysis.model import unwrap_call_chain
 from ddpify.analysis.training import COLLECTIVES
+from ddpify.analysis.wrappers import Place
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     Ancestors,
@@ -70,7 +71,8 @@ class CollectiveUnderRankGuard(RankZeroRule):
         func = collective.call.func
         if type(func) is cst.Attribute and func.attr.value == "forward":
             func = func.value
-        binding = self.facts.wrapper_binding(func, collective.ancestors, collective.seq)
+        place = Place(collective.ancestors, collective.seq)
+        binding = self.context.wrappers.wrapper_binding(func, place)
         if binding is None:
             return False
         return not _buffers_not_broadcast(unwrap_call_chain(binding.value))

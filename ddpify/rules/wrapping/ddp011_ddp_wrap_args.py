@@ -8,7 +8,7 @@ import libcst as cst
 
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.diagnostics import Severity
-from ddpify.rules.devices._common import DDP, DistributedRule, Rank, RankResolver
+from ddpify.rules.devices._common import DDP, DistributedRule, Rank
 
 _MOVES = frozenset({"to", "cuda"})
 # Calls that return the same module on the same device (or change nothing).
@@ -146,8 +146,7 @@ class DdpWrapArgs(DistributedRule):
             message = f"`{shown}` uses GPU {code} on every rank; pass the local rank instead"
             self.findings.append(_Finding(index, message, hard_coded=True))
             return
-        resolver = RankResolver(self.model, self.context.module)
-        origin = resolver.resolve(index, self.enclosing_function())
+        origin = self.resolver.resolve(index, self.enclosing_function())
         if origin is None or origin[0] is not Rank.GLOBAL:
             return
         source = "" if origin[1] == code else f" (from `{origin[1]}`)"
