@@ -37,18 +37,23 @@ SWAPS = {("0", "1"), ("1", "0")}
 BATCHED_SWAPS = {("1", "2"), ("2", "1"), ("-1", "-2"), ("-2", "-1")}
 
 
+def _products(tree, callees, test) -> list[cst.CSTNode]:
+    """Calls of `callees` (two operands first) and `@` products whose operands pass
+    `test(tree, node, left, right)`."""
+    found: list[cst.CSTNode] = []
+    for call in tree.calls_to(*callees):
+        if len(call.args) >= 2 and test(tree, call, call.args[0].value, call.args[1].value):
+            found.append(call)
+    for product in tree.find(cst.BinaryOperation, _is_matrix_product):
+        if test(tree, product, product.left, product.right):
+            found.append(product)
+    return found
+
+
 def batch_comparisons(tree) -> list[cst.CSTNode]:
     """The products and distances in this module that compare the rows of one batch of
     features with the rows of another (or the same) batch."""
-    found: list[cst.CSTNode] = []
-    for call in tree.calls_to(*MATRIX_PRODUCTS):
-        if len(call.args) >= 2 and _compares_rows(
-            tree, call, call.args[0].value, call.args[1].value
-        ):
-            found.append(call)
-    for product in tree.find(cst.BinaryOperation, _is_matrix_product):
-        if _compares_rows(tree, product, product.left, product.right):
-            found.append(product)
+    found = _products(tree, MATRIX_PRODUCTS, _compares_rows)
     for call in tree.calls_to(*DISTANCES):
         values = [arg.value for arg in call.args[:2]]
         if len(values) == 2 and all(_batch_name(tree, call, v) for v in values):
@@ -177,15 +182,7 @@ def setting_groupings(tree) -> list[cst.CSTNode]:
     this module that compare rows within groups a function made by a batch-size setting:
     an operand reshaped as `q.view(self.opt.batch_size, -1, dim)` (or through a local bound
     to such a setting)."""
-    found: list[cst.CSTNode] = []
-    for call in tree.calls_to(*BATCHED_PRODUCTS):
-        if len(call.args) >= 2 and _groups_by_setting(
-            tree, call, call.args[0].value, call.args[1].value
-        ):
-            found.append(call)
-    for product in tree.find(cst.BinaryOperation, _is_matrix_product):
-        if _groups_by_setting(tree, product, product.left, product.right):
-            found.append(product)
+    found = _products(tree, BATCHED_PRODUCTS, _groups_by_setting)
     return sorted(found, key=lambda node: tree.order.get(node, 0))
 
 

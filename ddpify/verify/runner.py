@@ -233,6 +233,11 @@ class Session:
         assert self.original is not None
         self.original_draws = [list(draw[:2]) for draw in self.original.get("draws", [])]
         (self.work / "converted").rename(self.work / "converted-sliced")
+        return self._converted_again(converted, source)
+
+    def _converted_again(self, converted, source, **settings) -> tuple[Path, dict]:
+        """The converted script and its settings for another run that follows the
+        original's draws (`settings`: what else that run changes)."""
         script = self.work / "converted_source.py" if source is not None else converted
         config = {
             "role": "converted",
@@ -240,6 +245,7 @@ class Session:
             "nproc": self.result.settings["nproc"],
             "display_path": str(converted.resolve()),
             "original_draws": self.original_draws,
+            **settings,
         }
         return script, config
 
@@ -445,16 +451,7 @@ class Session:
         runs are put aside."""
         for role in ("converted", "original"):
             (self.work / role).rename(self.work / f"{role}-float32")
-        script = self.work / "converted_source.py" if source is not None else converted
-        config = {
-            "role": "converted",
-            "steps": self.result.settings["steps"],
-            "nproc": self.result.settings["nproc"],
-            "display_path": str(converted.resolve()),
-            "original_draws": self.original_draws,
-            "float64": True,
-        }
-        return script, config
+        return self._converted_again(converted, source, float64=True)
 
     def float64_original(self, original, converted0: dict, nproc: int) -> dict:
         settings = self.result.settings
