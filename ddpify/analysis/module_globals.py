@@ -10,6 +10,7 @@ import libcst as cst
 from ddpify.analysis.accumulation import assigned_names
 from ddpify.analysis.training import own_nodes
 from ddpify.analysis.tree import Tree
+from ddpify.walk import walk
 
 
 def module_functions(tree: Tree) -> dict[str, cst.FunctionDef]:
@@ -22,12 +23,11 @@ def called_by_name(node: cst.CSTNode) -> set[str]:
     """The plain names `node` calls: `train(epoch)`, not `self.train()` nor `loader.next()`."""
     found: set[str] = set()
 
-    class _Visit(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            if isinstance(call.func, cst.Name):
-                found.add(call.func.value)
+    def enter(child: cst.CSTNode) -> None:
+        if type(child) is cst.Call and type(child.func) is cst.Name:
+            found.add(child.func.value)
 
-    node.visit(_Visit())
+    walk(node, enter, lambda child: None)  # iterative: no depth limit from the input
     return found
 
 
