@@ -8,10 +8,13 @@ What it does to the run (the same in both runs unless said otherwise):
 - seeds torch, random and numpy before the script starts (the script's own seeding still wins);
 - DataLoaders load in the main process (num_workers=0) so that data and random draws stay visible;
   the original's batch size is multiplied by N under the per-rank policy;
-- with `float64` in the settings (verify's precision check), the default dtype is float64
-  and every floating-point batch a DataLoader makes is cast to it;
+- with `float64` in the settings (verify's precision check), the default dtype is float64,
+  every floating-point batch a DataLoader makes is cast to it, and so is every float32
+  tensor the script makes itself (probe_float64.py);
 - RandomSampler and DistributedSampler(shuffle=True) draw from one canonical permutation per
-  epoch, so the N ranks' step-i batches together are the original's step-i batch;
+  epoch, so the N ranks' step-i batches together are the original's step-i batch; a
+  RandomSampler with replacement draws from a generator seeded by the pass, the same in
+  every run (a conversion that draws the whole batch on every rank and splits it by hand);
 - random draws in the training loop (`torch.randn(batch, z)`, `rand`, the `*_like` forms, the
   masks of dropout, dropout1d/2d/3d and attention dropout) are made equal across 1 and N
   processes: each draw is made whole, at the single process's shape, and every rank keeps its
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import importlib
 import inspect
 import json
 import math
@@ -91,6 +95,8 @@ SUM_REDUCED_LOSSES = (
 FEATURE_DROPOUTS = {"dropout1d": 3, "dropout2d": None, "dropout3d": 5}
 SWITCHED_OFF_DROPOUTS = ("alpha_dropout", "feature_alpha_dropout")
 MAX_DRAWS_RECORDED = 5000
+# Indices a RandomSampler with replacement draws at a time (its num_samples may be 1e10).
+REPLACEMENT_BLOCK = 32
 # Adaptive-step ODE solvers whose step size is chosen over the whole batch, by module.
 ADAPTIVE_SOLVERS = {"torchdiffeq._impl.rk_common": ("RKAdaptiveStepsizeODESolver",)}
 SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"
@@ -194,10 +200,12 @@ class Probe:
     # -- float64 ------------------------------------------------------------------------------
 
     def run_in_float64(self) -> None:
-        """verify's precision check: the model the script builds and every floating-point
-        batch its loaders make are float64, so what float32 rounding made of the two runs
-        (sums in another order) shrinks a billionfold and what the code computes stays."""
+        """verify's precision check: the model the script builds, every floating-point
+        batch its loaders make and the float32 tensors the script makes itself are float64
+        (probe_float64.py), so what float32 rounding made of the two runs (sums in another
+        order) shrinks a billionfold and what the code computes stays."""
         self.torch.set_default_dtype(self.torch.float64)
+        beside_this_file("probe_float64").widen_script_floats(self)
         self.flag("float64")
 
     def in_float64(self, batch):
@@ -423,8 +431,12 @@ class Probe:
         random_iter = RandomSampler.__iter__
 
         def canonical_random_iter(self):
-            if self.replacement or self._num_samples is not None:
-                probe.flag("unaligned_sampler", "RandomSampler with replacement or num_samples")
+            if self.replacement:
+                self._ddpify_epoch = getattr(self, "_ddpify_epoch", -1) + 1
+                yield from probe.draw_with_replacement(self, self._ddpify_epoch)
+                return
+            if self._num_samples is not None:
+                probe.flag("unaligned_sampler", "RandomSampler with num_samples")
                 yield from random_iter(self)
                 return
             self._ddpify_epoch = getattr(self, "_ddpify_epoch", -1) + 1
@@ -692,6 +704,19 @@ class Probe:
         generator = self.torch.Generator()
         generator.manual_seed(SEED + epoch)
         return self.torch.randperm(size, generator=generator).tolist()
+
+    def draw_with_replacement(self, sampler, epoch: int):
+        """A RandomSampler's draw with replacement for pass `epoch`, from a generator of the
+        probe's seeded by the pass (the native one seeds from the global generator in the
+        loop), drawn lazily in blocks as the native one draws (`num_samples` may be 1e10)."""
+        torch = self.torch
+        generator = torch.Generator()
+        generator.manual_seed(SEED + epoch)
+        size, left = len(sampler.data_source), sampler.num_samples
+        while left > 0:
+            block = min(left, REPLACEMENT_BLOCK)
+            yield from torch.randint(size, (block,), generator=generator).tolist()
+            left -= block
 
     def loader_batch_size(self, loader, arguments: dict):
         from torch.utils.data import IterableDataset
@@ -1323,14 +1348,18 @@ class RandomDraws:
         return draw
 
 
-def reference_rank(probe):
-    """The per-rank reference's side of this process (probe_reference.py, beside this file)."""
+def beside_this_file(module: str):
+    """A module of the probe's own beside this file (the probe runs without ddpify)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
-        from probe_reference import ReferenceRank
+        return importlib.import_module(module)
     finally:
         sys.path.pop(0)
-    rank = ReferenceRank(probe)
+
+
+def reference_rank(probe):
+    """The per-rank reference's side of this process (probe_reference.py, beside this file)."""
+    rank = beside_this_file("probe_reference").ReferenceRank(probe)
     rank.install()
     return rank
 
