@@ -195,6 +195,11 @@ OWN_FIXTURES = [
     # BatchNorm over raw readings (~1e5): float32 rounding of the synced statistics differs
     # beyond the tolerance, float64 shows it is rounding (the precision check)
     ("sensor_bn", "precision check: in float32 the one-process run differed"),
+    # Noise made as `FloatTensor(np.random.normal(...))`, labels as `FloatTensor(n, 1)`: the
+    # precision check's float64 reaches the tensors the script makes itself
+    ("numpy_noise_gan", "precision check: in float32 the one-process run differed"),
+    # An endless loader drawing with replacement, each rank its block of the whole batch
+    ("endless_sampler", "every one of the 2 processes loads 16 and keeps its block"),
 ]
 
 
@@ -241,6 +246,11 @@ OWN_PLANTED_BUGS = [
     # A weighted draw shared out by rank (migrate/weighted.py), every rank keeping rank 0's
     # share: the probe aligns the draws, not the shares, so the data differ.
     ("weighted", "bug_same_share_on_every_rank.py", "every process saw the same batch"),
+    # Gradients twice the original's: the per-rank reference and float64 keep the mismatch.
+    ("numpy_noise_gan", "bug_d_loss_not_halved.py", "2x the original's"),
+    ("endless_sampler", "bug_loss_divided.py", "0.5x the original's"),
+    # The sampler keeps its own draw (seeded per rank here): the batches are compared.
+    ("endless_sampler", "bug_seed_per_rank.py", "the ranks split different batches"),
 ]
 
 

@@ -13,8 +13,8 @@ What it does to the run (the same in both runs unless said otherwise):
   tensor the script makes itself (probe_float64.py);
 - RandomSampler and DistributedSampler(shuffle=True) draw from one canonical permutation per
   epoch, so the N ranks' step-i batches together are the original's step-i batch; a
-  RandomSampler with replacement draws from a generator seeded by the pass, the same in
-  every run (a conversion that draws the whole batch on every rank and splits it by hand);
+  RandomSampler with replacement keeps its own draw (a conversion that draws the whole
+  batch on every rank and splits it by hand: compare checks each rank drew the original's);
 - random draws in the training loop (`torch.randn(batch, z)`, `rand`, the `*_like` forms, the
   masks of dropout, dropout1d/2d/3d and attention dropout) are made equal across 1 and N
   processes: each draw is made whole, at the single process's shape, and every rank keeps its
@@ -95,8 +95,6 @@ SUM_REDUCED_LOSSES = (
 FEATURE_DROPOUTS = {"dropout1d": 3, "dropout2d": None, "dropout3d": 5}
 SWITCHED_OFF_DROPOUTS = ("alpha_dropout", "feature_alpha_dropout")
 MAX_DRAWS_RECORDED = 5000
-# Indices a RandomSampler with replacement draws at a time (its num_samples may be 1e10).
-REPLACEMENT_BLOCK = 32
 # Adaptive-step ODE solvers whose step size is chosen over the whole batch, by module.
 ADAPTIVE_SOLVERS = {"torchdiffeq._impl.rk_common": ("RKAdaptiveStepsizeODESolver",)}
 SHARE_GPUS_ENV = "DDPIFY_VERIFY_SHARE_GPUS"
@@ -139,6 +137,8 @@ class Probe:
         self.last_loader: int | None = None
         self.pending_data: dict[int, list[float]] = {}
         self.rng_checkpoint = None
+        # the generator state after a sampler seeded itself from it (draw_with_replacement)
+        self.sampler_seeded = None
         self.record = {
             "role": self.role,
             "rank": self.rank,
@@ -406,7 +406,10 @@ class Probe:
             if fetcher is not None:
                 fetcher._ddpify_pass = getattr(self, "_ddpify_pass", None)
             stream = getattr(self, "_ddpify_stream", None)
+            probe.sampler_seeded = None
             batch = iter_next(self) if stream is None else probe.next_from_stream(self, iter_next)
+            if probe.sampler_seeded is not None:  # the sampler's seed: not augmentation
+                before, probe.sampler_seeded = probe.sampler_seeded, None
             after = probe.rng_state()
             if probe.rng_changed(before, after):
                 probe.flag("augmentation")
@@ -432,8 +435,7 @@ class Probe:
 
         def canonical_random_iter(self):
             if self.replacement:
-                self._ddpify_epoch = getattr(self, "_ddpify_epoch", -1) + 1
-                yield from probe.draw_with_replacement(self, self._ddpify_epoch)
+                yield from probe.draw_with_replacement(self, random_iter)
                 return
             if self._num_samples is not None:
                 probe.flag("unaligned_sampler", "RandomSampler with num_samples")
@@ -705,18 +707,26 @@ class Probe:
         generator.manual_seed(SEED + epoch)
         return self.torch.randperm(size, generator=generator).tolist()
 
-    def draw_with_replacement(self, sampler, epoch: int):
-        """A RandomSampler's draw with replacement for pass `epoch`, from a generator of the
-        probe's seeded by the pass (the native one seeds from the global generator in the
-        loop), drawn lazily in blocks as the native one draws (`num_samples` may be 1e10)."""
+    def draw_with_replacement(self, sampler, native_iter):
+        """A RandomSampler's own draw with replacement, left as the script makes it: a
+        conversion that keeps such a sampler draws the whole batch on every rank and splits
+        it by hand, which is right only when every rank draws what the original draws, so
+        compare checks the batches instead of the probe making them equal. Without a
+        generator of its own the sampler seeds one from the global generator as the pass
+        starts (in the loop, where a draw would look like random augmentation): that seed
+        is drawn here, as torch draws it, and the loader's batch is judged from after it."""
         torch = self.torch
+        if sampler.generator is not None:
+            yield from native_iter(sampler)
+            return
         generator = torch.Generator()
-        generator.manual_seed(SEED + epoch)
-        size, left = len(sampler.data_source), sampler.num_samples
-        while left > 0:
-            block = min(left, REPLACEMENT_BLOCK)
-            yield from torch.randint(size, (block,), generator=generator).tolist()
-            left -= block
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        self.sampler_seeded = self.rng_state()
+        sampler.generator = generator
+        try:
+            yield from native_iter(sampler)
+        finally:
+            sampler.generator = None
 
     def loader_batch_size(self, loader, arguments: dict):
         from torch.utils.data import IterableDataset
