@@ -358,6 +358,17 @@ def test_planted_bug_in_a_per_rank_conversion_fails(case, converted, against, sa
 
 
 @in_batch
+def test_the_precision_check_runs_a_script_that_makes_float32_noise_and_keeps_its_bug(batched):
+    # `FloatTensor(np.random.normal(...))` met the float64 model ("mat1 and mat2 must have
+    # the same dtype") until float64 reached the tensors a script makes itself.
+    result = batched("cpu")["numpy_noise_gan/bug_d_loss_not_halved.py"]
+    assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
+    precision = [n for n in result.notes if n.startswith("the precision check")]
+    assert precision and "does not settle it" in precision[0], result.notes
+    assert "2x the original's" in precision[0]
+
+
+@in_batch
 def test_a_stream_every_rank_reads_whole_is_never_a_match(batched):
     """Without the round-robin switch, the ranks read the same items: verify cannot align
     them with the single process's batch, and says so instead of comparing."""
