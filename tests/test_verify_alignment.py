@@ -426,6 +426,44 @@ def test_ranks_that_split_different_batches_are_a_data_mismatch():
     assert "the ranks split different batches" in result.message
 
 
+def loaded_and_split(grads, rank=0, loaded=(8.0, 1.0, 2.0), batch_size=8):
+    """A converted rank that loads the whole batch from its loader and keeps its block."""
+    run = record(grads, rank=rank, data=loaded)
+    run["loaders"] = [{"batch_size": batch_size, "used_batch_size": batch_size, "policy": None}]
+    run["steps"][0]["split"] = {"rows": 8, "block": [4 * rank, 4 * rank + 4], "data": [8, 1, 2]}
+    return run
+
+
+def whole_batch_original():
+    original = record(GRADS, data=(8.0, 1.0, 2.0))
+    original["loaders"] = [{"batch_size": 8, "used_batch_size": 8, "policy": "global"}]
+    return original
+
+
+def test_a_loaders_batch_split_by_hand_is_compared_rank_by_rank_with_the_original():
+    matched = verdict(whole_batch_original(), [loaded_and_split(GRADS, r) for r in (0, 1)])
+    assert (matched.exit_code, matched.verdict) == (0, "match"), matched.message
+    assert any(
+        "every one of the 2 processes loads 8 and keeps its block" in n for n in matched.notes
+    )
+    halved = [loaded_and_split([g / 2 for g in GRADS], r) for r in (0, 1)]
+    assert verdict(whole_batch_original(), halved).verdict == "mismatch"
+
+
+def test_ranks_that_load_another_batch_than_the_original_before_splitting_it_mismatch():
+    converted = [loaded_and_split(GRADS, r, loaded=(8.0, 5.0, 9.0)) for r in (0, 1)]
+    result = verdict(whole_batch_original(), converted)
+    assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
+    assert "did not load the original's batch" in result.message
+
+
+def test_a_loader_batch_split_by_hand_must_be_the_originals_whole_batch():
+    converted = [loaded_and_split(GRADS, r, batch_size=4) for r in (0, 1)]
+    result = verdict(whole_batch_original(), converted)
+    assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
+    assert "loads batch 4 on each process and splits it by rank" in result.message
+
+
 def two_steps(grads_2, rank=0, padded=0):
     """A run of two steps; the second on a batch the DistributedSampler padded or not."""
     data = (2.0, 0.5, 1.0) if rank is not None else (4.0, 1.0, 2.0)  # each rank half the batch
@@ -493,3 +531,64 @@ def test_a_contrastive_loss_does_not_stop_agreeing_gradients_from_matching():
     flags = {"batch_comparison": "torch.matmul(z, z.T) (losses.py:14)"}
     result = verdict(record(GRADS), converted_pair(GRADS, flags))
     assert (result.exit_code, result.verdict) == (0, "match"), result.message
+
+
+# The precision check's float64 reaches the float32 tensors a script makes itself. Run in a
+# child process: the widening changes torch for the rest of the process.
+WIDENED_SCRIPT = """
+import numpy as np
+import torch
+from ddpify.verify import probe_float64
+
+class Probe:
+    torch = torch
+    counts = 0
+    def count(self, name):
+        Probe.counts += 1
+
+torch.set_default_dtype(torch.float64)
+probe_float64.widen_script_floats(Probe())
+FloatTensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor
+noise = FloatTensor(np.random.normal(0, 1, (4, 3)))
+made = {
+    "FloatTensor(numpy)": noise,
+    "FloatTensor(n, m).fill_": FloatTensor(4, 1).fill_(1.0),
+    ".float()": torch.arange(3).float(),
+    ".to(float32)": torch.ones(2).to(torch.float32),
+    ".to(dtype=float32)": torch.ones(2).to(dtype=torch.float32),
+    ".type(FloatTensor)": torch.arange(3).type(FloatTensor),
+    ".type('torch.FloatTensor')": torch.ones(2).type("torch.FloatTensor"),
+    "zeros(dtype=float32)": torch.zeros(2, dtype=torch.float32),
+    "tensor(numpy float32)": torch.tensor(np.ones(2, dtype=np.float32)),
+    "as_tensor(numpy float32)": torch.as_tensor(np.ones(2, dtype=np.float32)),
+    "from_numpy(numpy float32)": torch.from_numpy(np.ones(2, dtype=np.float32)),
+    "Linear.float()": torch.nn.Linear(3, 2).float().weight,
+}
+for name, tensor in made.items():
+    assert tensor.dtype == torch.float64, (name, tensor.dtype)
+assert torch.nn.Linear(3, 2)(noise).dtype == torch.float64
+precise = torch.tensor([1 + 2.0**-40]).float()
+assert precise.item() == 1 + 2.0**-40, "rounded to float32 on the way"
+assert torch.arange(3).dtype == torch.int64 and torch.ones(2, dtype=torch.half).dtype == torch.half
+assert torch.cuda.FloatTensor is torch.cuda.DoubleTensor
+assert Probe.counts >= 3
+print("widened", len(made))
+"""
+
+
+def test_the_precision_check_makes_the_float32_tensors_a_script_makes_float64(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", WIDENED_SCRIPT],
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "widened 12" in done.stdout

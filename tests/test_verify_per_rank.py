@@ -200,7 +200,9 @@ def test_a_difference_float64_removes_is_rounding_and_a_match(tmp_path, monkeypa
     session, first = session_with_float64_runs(tmp_path, monkeypatch, GRADS)
     result = session.judge_precision(2, 1, "per-rank", None, None)
     assert (result.exit_code, result.verdict) == (0, "match"), result.message
-    assert result.message.startswith("in float64 (the model and the batches, both runs)")
+    assert result.message.startswith(
+        "in float64 (the model, the batches and the tensors the scripts make, both runs)"
+    )
     assert f"in float32 the runs differ by rounding alone ({first.message})" in result.message
     assert any(note.startswith("precision check:") for note in result.notes)
     assert result.settings["precision"] == "float64"

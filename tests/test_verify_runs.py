@@ -195,6 +195,11 @@ OWN_FIXTURES = [
     # BatchNorm over raw readings (~1e5): float32 rounding of the synced statistics differs
     # beyond the tolerance, float64 shows it is rounding (the precision check)
     ("sensor_bn", "precision check: in float32 the one-process run differed"),
+    # Noise made as `FloatTensor(np.random.normal(...))`, labels as `FloatTensor(n, 1)`: the
+    # precision check's float64 reaches the tensors the script makes itself
+    ("numpy_noise_gan", "precision check: in float32 the one-process run differed"),
+    # An endless loader drawing with replacement, each rank its block of the whole batch
+    ("endless_sampler", "every one of the 2 processes loads 16 and keeps its block"),
 ]
 
 
@@ -241,6 +246,12 @@ OWN_PLANTED_BUGS = [
     # A weighted draw shared out by rank (migrate/weighted.py), every rank keeping rank 0's
     # share: the probe aligns the draws, not the shares, so the data differ.
     ("weighted", "bug_same_share_on_every_rank.py", "every process saw the same batch"),
+    # The discriminator's gradients twice the original's: neither the per-rank reference nor
+    # the precision check (float64, which reaches its FloatTensor noise) takes the mismatch away.
+    ("numpy_noise_gan", "bug_d_loss_not_halved.py", "gradients differ from the original's"),
+    ("endless_sampler", "bug_loss_divided.py", "0.5x the original's"),
+    # The sampler keeps its own draw (seeded per rank here): the batches are compared.
+    ("endless_sampler", "bug_seed_per_rank.py", "the ranks split different batches"),
 ]
 
 
@@ -344,6 +355,17 @@ def test_planted_bug_in_a_per_rank_conversion_fails(case, converted, against, sa
     assert ("reference" in result.seconds) == (against == "per-rank")
     if against == "per-rank":
         assert "(the conversion does not compute DDP of the original)" in result.message
+
+
+@in_batch
+def test_the_precision_check_runs_a_script_that_makes_float32_noise_and_keeps_its_bug(batched):
+    # `FloatTensor(np.random.normal(...))` met the float64 model ("mat1 and mat2 must have
+    # the same dtype") until float64 reached the tensors a script makes itself.
+    result = batched("cpu")["numpy_noise_gan/bug_d_loss_not_halved.py"]
+    assert (result.exit_code, result.verdict) == (1, "mismatch"), result.message
+    precision = [n for n in result.notes if n.startswith("the precision check")]
+    assert precision and "does not settle it" in precision[0], result.notes
+    assert "2x the original's" in precision[0]
 
 
 @in_batch

@@ -104,6 +104,9 @@ class Comparison:
     # size that only looked like the per-process batch): running the converted script again,
     # following the original's draws, can align it (runner.Session.follows_original_draws).
     unsliced_in_original: bool = False
+    # Every rank loads the whole batch from its loader and keeps its block of it by hand
+    # (check_whole_batch_per_rank): the data check compares each rank's batch, not their sum.
+    whole_batch_per_rank: bool = False
 
     def by_design(
         self, reason: str, cause: str, against_reference: bool, doubts: list[str] | None = None
@@ -541,6 +544,9 @@ def training_loader(record: dict) -> dict | None:
 
 def check_batch_policy(original, converted: list[dict], nproc, batch_policy, result) -> None:
     ours, theirs = training_loader(original), training_loader(converted[0])
+    if ours is not None and theirs is not None and check_hand_split(converted, result):
+        check_whole_batch_per_rank(ours, theirs, nproc, result)
+        return
     if ours is None or theirs is None:
         if not check_hand_split(converted, result):
             result.caveats.append(
@@ -570,6 +576,28 @@ def check_batch_policy(original, converted: list[dict], nproc, batch_policy, res
                 None,
                 f"the converted script uses batch {per_process} per process; the {policy} "
                 f"policy expects {expected} (original batch {native}, {nproc} processes)",
+            )
+        )
+
+
+def check_whole_batch_per_rank(ours: dict, theirs: dict, nproc: int, result) -> None:
+    """A loader's batch split by hand (every rank loads the whole batch, then keeps its
+    block): each rank's loader batch must be the one the original trains on, so the data
+    check compares every rank's batch with the original's, not their sum."""
+    result.whole_batch_per_rank = True
+    native, per_process = ours["used_batch_size"], theirs["batch_size"]
+    result.notes.append(
+        f"batch policy global (split by hand): original batch {native}, every one of the "
+        f"{nproc} processes loads {per_process} and keeps its block"
+    )
+    if per_process != native:
+        result.findings.append(
+            Finding(
+                1,
+                "batch size",
+                None,
+                f"the converted script loads batch {per_process} on each process and splits "
+                f"it by rank, but the original trains on batch {native}",
             )
         )
 
@@ -773,8 +801,11 @@ def check_data(step, ours, theirs, original, converted, result) -> None:
         return
     if any(r["flags"].get("augmentation") for r in [original, *converted]):
         return
-    total = [sum(s["data"][i] for s in theirs) for i in range(3)]
     mine = ours["data"]
+    if result.whole_batch_per_rank:
+        check_whole_batch_data(step, mine, theirs, result)
+        return
+    total = [sum(s["data"][i] for s in theirs) for i in range(3)]
     scale = DATA_RTOL * (abs(mine[2]) + 1.0)
     if (
         mine[0] == total[0]
@@ -792,6 +823,21 @@ def check_data(step, ours, theirs, original, converted, result) -> None:
     elif step > 1 and not any(f.what == "data" for f in result.findings):
         message += "; the earlier steps agreed (DistributedSampler.set_epoch missing?)"
     result.findings.append(Finding(step, "data", None, message))
+
+
+def check_whole_batch_data(step, mine: list[float], theirs: list[dict], result) -> None:
+    """Every rank loaded the whole batch it splits by hand: each must be the original's."""
+    if all(same_data(s["data"], mine) for s in theirs):
+        return
+    result.findings.append(
+        Finding(
+            step,
+            "data",
+            None,
+            f"at step {step} the processes did not load the original's batch before keeping "
+            "their blocks of it (the loader draws other samples than the original's)",
+        )
+    )
 
 
 def check_ranks(step, what, names, per_rank: list[list], rtol, atol, result) -> None:

@@ -8,10 +8,13 @@ What it does to the run (the same in both runs unless said otherwise):
 - seeds torch, random and numpy before the script starts (the script's own seeding still wins);
 - DataLoaders load in the main process (num_workers=0) so that data and random draws stay visible;
   the original's batch size is multiplied by N under the per-rank policy;
-- with `float64` in the settings (verify's precision check), the default dtype is float64
-  and every floating-point batch a DataLoader makes is cast to it;
+- with `float64` in the settings (verify's precision check), the default dtype is float64,
+  every floating-point batch a DataLoader makes is cast to it, and so is every float32
+  tensor the script makes itself (probe_float64.py);
 - RandomSampler and DistributedSampler(shuffle=True) draw from one canonical permutation per
-  epoch, so the N ranks' step-i batches together are the original's step-i batch;
+  epoch, so the N ranks' step-i batches together are the original's step-i batch; a
+  RandomSampler with replacement keeps its own draw (a conversion that draws the whole
+  batch on every rank and splits it by hand: compare checks each rank drew the original's);
 - random draws in the training loop (`torch.randn(batch, z)`, `rand`, the `*_like` forms, the
   masks of dropout, dropout1d/2d/3d and attention dropout) are made equal across 1 and N
   processes: each draw is made whole, at the single process's shape, and every rank keeps its
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import importlib
 import inspect
 import json
 import math
@@ -133,6 +137,8 @@ class Probe:
         self.last_loader: int | None = None
         self.pending_data: dict[int, list[float]] = {}
         self.rng_checkpoint = None
+        # the generator state after a sampler seeded itself from it (draw_with_replacement)
+        self.sampler_seeded = None
         self.record = {
             "role": self.role,
             "rank": self.rank,
@@ -194,10 +200,12 @@ class Probe:
     # -- float64 ------------------------------------------------------------------------------
 
     def run_in_float64(self) -> None:
-        """verify's precision check: the model the script builds and every floating-point
-        batch its loaders make are float64, so what float32 rounding made of the two runs
-        (sums in another order) shrinks a billionfold and what the code computes stays."""
+        """verify's precision check: the model the script builds, every floating-point
+        batch its loaders make and the float32 tensors the script makes itself are float64
+        (probe_float64.py), so what float32 rounding made of the two runs (sums in another
+        order) shrinks a billionfold and what the code computes stays."""
         self.torch.set_default_dtype(self.torch.float64)
+        beside_this_file("probe_float64").widen_script_floats(self)
         self.flag("float64")
 
     def in_float64(self, batch):
@@ -398,7 +406,10 @@ class Probe:
             if fetcher is not None:
                 fetcher._ddpify_pass = getattr(self, "_ddpify_pass", None)
             stream = getattr(self, "_ddpify_stream", None)
+            probe.sampler_seeded = None
             batch = iter_next(self) if stream is None else probe.next_from_stream(self, iter_next)
+            if probe.sampler_seeded is not None:  # the sampler's seed: not augmentation
+                before, probe.sampler_seeded = probe.sampler_seeded, None
             after = probe.rng_state()
             if probe.rng_changed(before, after):
                 probe.flag("augmentation")
@@ -423,8 +434,11 @@ class Probe:
         random_iter = RandomSampler.__iter__
 
         def canonical_random_iter(self):
-            if self.replacement or self._num_samples is not None:
-                probe.flag("unaligned_sampler", "RandomSampler with replacement or num_samples")
+            if self.replacement:
+                yield from probe.draw_with_replacement(self, random_iter)
+                return
+            if self._num_samples is not None:
+                probe.flag("unaligned_sampler", "RandomSampler with num_samples")
                 yield from random_iter(self)
                 return
             self._ddpify_epoch = getattr(self, "_ddpify_epoch", -1) + 1
@@ -692,6 +706,27 @@ class Probe:
         generator = self.torch.Generator()
         generator.manual_seed(SEED + epoch)
         return self.torch.randperm(size, generator=generator).tolist()
+
+    def draw_with_replacement(self, sampler, native_iter):
+        """A RandomSampler's own draw with replacement, left as the script makes it: a
+        conversion that keeps such a sampler draws the whole batch on every rank and splits
+        it by hand, which is right only when every rank draws what the original draws, so
+        compare checks the batches instead of the probe making them equal. Without a
+        generator of its own the sampler seeds one from the global generator as the pass
+        starts (in the loop, where a draw would look like random augmentation): that seed
+        is drawn here, as torch draws it, and the loader's batch is judged from after it."""
+        torch = self.torch
+        if sampler.generator is not None:
+            yield from native_iter(sampler)
+            return
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        self.sampler_seeded = self.rng_state()
+        sampler.generator = generator
+        try:
+            yield from native_iter(sampler)
+        finally:
+            sampler.generator = None
 
     def loader_batch_size(self, loader, arguments: dict):
         from torch.utils.data import IterableDataset
@@ -1323,14 +1358,18 @@ class RandomDraws:
         return draw
 
 
-def reference_rank(probe):
-    """The per-rank reference's side of this process (probe_reference.py, beside this file)."""
+def beside_this_file(module: str):
+    """A module of the probe's own beside this file (the probe runs without ddpify)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
-        from probe_reference import ReferenceRank
+        return importlib.import_module(module)
     finally:
         sys.path.pop(0)
-    rank = ReferenceRank(probe)
+
+
+def reference_rank(probe):
+    """The per-rank reference's side of this process (probe_reference.py, beside this file)."""
+    rank = beside_this_file("probe_reference").ReferenceRank(probe)
     rank.install()
     return rank
 

@@ -466,7 +466,8 @@ class Session:
         return {**config, "float64": True}
 
     def run_in_float64(self, original, script, converted, source, nproc: int) -> None:
-        """Both runs again, the model and the batches in float64 (probe.run_in_float64)."""
+        """Both runs again, the model, the batches and the float32 tensors the scripts make
+        themselves in float64 (probe.run_in_float64)."""
         converted_script, config = self.float64_converted(converted, source)
         outcome = self.launch("converted", converted_script, config, nproc)
         converted0 = self.records("converted", outcome, nproc, self.result.settings["steps"])[0]
@@ -502,7 +503,8 @@ class Session:
         tolerance = {"rtol": comparison.tolerance[0], "atol": comparison.tolerance[1]}
         judged.settings = {**first.settings, "tolerance": tolerance, "precision": "float64"}
         judged.message = (
-            f"in float64 (the model and the batches, both runs), {judged.message}; in float32 "
+            f"in float64 (the model, the batches and the tensors the scripts make, both runs), "
+            f"{judged.message}; in float32 "
             f"the runs differ by rounding alone ({first.message})"
         )
         reference = (
