@@ -20,6 +20,7 @@ from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.wrappers import DDP, FED_TYPES, WrapperFacts
+from ddpify.cst_parse import parse_module
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
@@ -269,7 +270,7 @@ def parse(
                 filename, f"cannot parse: {error.msg}", error.lineno or 1, error.offset or 1
             )
     try:
-        return (parser or cst.parse_module)(text)
+        return (parser or parse_module)(text)
     except cst.ParserSyntaxError as exc:
         return _syntax_error(text, filename, exc)
     except (RecursionError, MemoryError, ValueError) as exc:

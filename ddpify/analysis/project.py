@@ -29,6 +29,7 @@ import libcst as cst
 from ddpify.analysis.computed_imports import ComputedImport, computed_imports, local_module_names
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.tree import Tree
+from ddpify.cst_parse import parse_module
 from ddpify.files import SourceError, SourceFile, decode_source, read_bounded, read_source
 from ddpify.guarded import risky
 
@@ -837,7 +838,7 @@ def _parse_module(path: Path) -> tuple[cst.Module, ImportMap, str] | None:
         text = decode_source(data, str(path)).text
         if risky(text):
             return None  # a helper module is not worth a forked parser
-        module = cst.parse_module(text)
+        module = parse_module(text)
     except (SourceError, cst.ParserSyntaxError, RecursionError, MemoryError, ValueError):
         return None
     imports = ImportMap()
