@@ -32,7 +32,7 @@ from libcst._nodes.base import CSTNode
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ddpify import cst_parse, guarded  # noqa: E402
+from ddpify import guarded, libcst_speed  # noqa: E402
 from ddpify.engine import check_source  # noqa: E402
 from ddpify.gc_tuning import fewer_collections  # noqa: E402
 from ddpify.migrate import migrate_source  # noqa: E402
@@ -83,7 +83,7 @@ def script(lines: int) -> str:
 
 def parse_only(text: str) -> None:
     """libcst's own parse (deep thread, fewer collections, as check and migrate run it),
-    with the node checks ddpify's parse skips (ddpify/cst_parse.py) left on: the ratios
+    with the node checks ddpify's parse skips (ddpify/libcst_speed.py) left on: the ratios
     are to libcst as shipped."""
 
     def parse() -> None:
@@ -91,7 +91,7 @@ def parse_only(text: str) -> None:
             libcst.parse_module(text)
 
     installed = CSTNode.__post_init__
-    CSTNode.__post_init__ = cst_parse._check_node
+    CSTNode.__post_init__ = libcst_speed._check_node
     try:
         guarded.deep(parse)
     finally:

@@ -20,11 +20,11 @@ from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.wrappers import DDP, FED_TYPES, WrapperFacts
-from ddpify.cst_parse import parse_module
 from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, Severity
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
+from ddpify.libcst_speed import parse_module
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
 from ddpify.walk import is_kind, new_generation, walk

@@ -13,8 +13,8 @@ from typing import Callable
 
 import libcst as cst
 
-from ddpify.cst_parse import parse_module
 from ddpify.guarded import PARALLEL_CHARS, Beside, python_rejects
+from ddpify.libcst_speed import parse_module
 
 
 class GateError(Exception):

@@ -19,7 +19,7 @@ import libcst as cst
 
 from ddpify.carried_positions import CarriedPositions, Relative
 from ddpify.codegen import ModuleText
-from ddpify.cst_parse import parse_module
+from ddpify.libcst_speed import parse_module
 from ddpify.positions import Positions
 
 

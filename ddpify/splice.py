@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import libcst as cst
 
 from ddpify.codegen import node_code
-from ddpify.cst_parse import parse_module
+from ddpify.libcst_speed import parse_module
 
 # Compound statements whose blocks are spliced: the body, and those of the clauses that
 # follow it (`elif`, `else`, `except`, `finally`).

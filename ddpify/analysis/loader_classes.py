@@ -26,7 +26,7 @@ from ddpify.analysis.names import dotted
 from ddpify.analysis.project import Project
 from ddpify.analysis.roles import iterated_source, train_loaders, view_cached
 from ddpify.analysis.tree import Tree
-from ddpify.cst_parse import parse_module
+from ddpify.libcst_speed import parse_module
 
 DATA_LOADER = "torch.utils.data.DataLoader"
 # Bindings `getattr(module, name)` can never name as a class to call (documentation).

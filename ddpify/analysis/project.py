@@ -29,9 +29,9 @@ import libcst as cst
 from ddpify.analysis.computed_imports import ComputedImport, computed_imports, local_module_names
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.tree import Tree
-from ddpify.cst_parse import parse_module
 from ddpify.files import SourceError, SourceFile, decode_source, read_bounded, read_source
 from ddpify.guarded import risky
+from ddpify.libcst_speed import parse_module
 
 MAX_MODULES = 64
 # How far above an entry script a package root may be (`python tools/train.py` importing

@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
 from ddpify.codegen import node_code
-from ddpify.cst_parse import parse_module
+from ddpify.libcst_speed import parse_module
 from ddpify.walk import children, walk
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ from ddpify import splice
 from ddpify.analysis.project import ProjectView
 from ddpify.analysis.tree import Tree
 from ddpify.codegen import ModuleText
-from ddpify.cst_parse import parse_module
 from ddpify.gates import (
     GateError,
     check_comments_kept,
@@ -27,6 +26,7 @@ from ddpify.gates import (
 )
 from ddpify.gc_tuning import no_collections
 from ddpify.guarded import PARALLEL_CHARS, Beside, GaveUp, guarded
+from ddpify.libcst_speed import parse_module
 from ddpify.migrate import (
     amp,
     data,

@@ -14,9 +14,9 @@ from typing import TextIO
 from ddpify.analysis.loader_classes import chosen_loader_modules
 from ddpify.analysis.project import Project
 from ddpify.analysis.tree import Tree
-from ddpify.cst_parse import parse_module
 from ddpify.engine import mentions_torch
 from ddpify.files import SourceFile
+from ddpify.libcst_speed import parse_module
 from ddpify.migrate.analyze import Options, computed_imports
 from ddpify.migrate.pipeline import migrate_sources
 from ddpify.migrate.report import MigrationResult

@@ -6,7 +6,7 @@ import functools
 
 import libcst as cst
 
-from ddpify.cst_parse import parse_module
+from ddpify.libcst_speed import parse_module
 from ddpify.migrate.analyze import SETUP_FUNCTION
 
 ENV_COMMENT = (

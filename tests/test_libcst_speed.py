@@ -1,4 +1,4 @@
-"""The parse that skips re-checking the parser's own nodes (ddpify/cst_parse.py)."""
+"""The parse that skips re-checking the parser's own nodes (ddpify/libcst_speed.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import libcst as cst
 import pytest
 from libcst._nodes.base import CSTNode
 
-from ddpify.cst_parse import parse_module
+from ddpify.libcst_speed import parse_module
 from tests.helpers import FIXTURES
 
 
