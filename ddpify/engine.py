@@ -24,6 +24,7 @@ from ddpify.diagnostics import Applicability, Diagnostic, Edit, Fix, Location, S
 from ddpify.files import SourceError, decode_source
 from ddpify.gc_tuning import fewer_collections
 from ddpify.guarded import GaveUp, deep, guarded, python_rejects, risky
+from ddpify.libcst_speed import parse_module
 from ddpify.positions import Positions
 from ddpify.rules.base import NodeFix, Report, Rule
 from ddpify.walk import is_kind, new_generation, walk
@@ -269,7 +270,7 @@ def parse(
                 filename, f"cannot parse: {error.msg}", error.lineno or 1, error.offset or 1
             )
     try:
-        return (parser or cst.parse_module)(text)
+        return (parser or parse_module)(text)
     except cst.ParserSyntaxError as exc:
         return _syntax_error(text, filename, exc)
     except (RecursionError, MemoryError, ValueError) as exc:

@@ -13,7 +13,8 @@ from typing import Callable
 
 import libcst as cst
 
-from ddpify.guarded import python_rejects
+from ddpify.guarded import PARALLEL_CHARS, Beside, python_rejects
+from ddpify.libcst_speed import parse_module
 
 
 class GateError(Exception):
@@ -28,32 +29,52 @@ class GateError(Exception):
 
 def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None) -> cst.Module:
     """The input must be Python that CPython compiles, and come back from libcst byte for
-    byte, or we must not touch it. `render` renders the module (default `Module.code`)."""
-    error = python_rejects(text, "<input>", whole=True)
-    if error is not None:
-        where = f" (line {error.lineno})" if error.lineno else ""
-        raise GateError("parse", f"input does not parse: {error.msg}{where}")
+    byte, or we must not touch it. `render` renders the module (default `Module.code`).
+    A large text is compiled in a forked child while libcst parses it here."""
+    compiling = Beside(_compile_verdict, text) if len(text) >= PARALLEL_CHARS else None
+    if compiling is None:
+        _require_compiles(_compile_verdict(text))
     try:
-        module = cst.parse_module(text)
+        module = parse_module(text)
+        if compiling is not None:
+            _require_compiles(compiling.result())
     except cst.ParserSyntaxError as exc:
+        if compiling is not None:  # CPython's message first, as for a small text
+            _require_compiles(compiling.result())
         raise GateError("parse", f"input does not parse: {exc.message}") from None
+    finally:
+        if compiling is not None:
+            compiling.close()
     if (module.code if render is None else render(module)) != text:
         raise GateError("parse", "input does not round-trip through libcst unchanged")
     return module
+
+
+def _compile_verdict(text: str) -> SyntaxError | None:
+    return python_rejects(text, "<input>", whole=True)
+
+
+def _require_compiles(error: SyntaxError | None) -> None:
+    if error is not None:
+        where = f" (line {error.lineno})" if error.lineno else ""
+        raise GateError("parse", f"input does not parse: {error.msg}{where}")
 
 
 def check_compiles(
     text: str,
     pass_name: str,
     filename: str = "<output>",
-    parse: Callable[[str], cst.Module] = cst.parse_module,
+    parse: Callable[[str], cst.Module] = parse_module,
+    compiled: bool = False,
 ) -> cst.Module:
     """The output must parse (libcst) and compile (CPython); returns the parsed module, so
     that later gates (idempotency, check) need not parse it again. `parse` parses the
-    text as `cst.parse_module` does (migrate re-parses only what the passes changed)."""
+    text as `cst.parse_module` does (migrate re-parses only what the passes changed);
+    `compiled`: the caller has compiled it already."""
     try:
         module = parse(text)
-        compile(text, filename, "exec", dont_inherit=True)
+        if not compiled:
+            compile(text, filename, "exec", dont_inherit=True)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as exc:
         raise GateError(pass_name, f"output does not compile: {exc}") from None
     return module

@@ -29,6 +29,9 @@ T = TypeVar("T")
 
 STACK_BYTES = 512 * 1024 * 1024  # reserved address space; pages are only touched when used
 RECURSION_LIMIT = 100_000
+# Work on a text of at least this many characters (about 10k lines) is worth a forked
+# child beside it (`Beside`); below it the fork costs more than the work it moves.
+PARALLEL_CHARS = 300_000
 # Seconds one isolated file may take (check, fix or migrate of that file).
 FILE_TIMEOUT = 60.0
 
@@ -197,6 +200,48 @@ def isolated(fn: Callable[..., T], *args: Any, timeout: float = FILE_TIMEOUT) ->
     if status == "error":
         raise payload
     return payload
+
+
+class Beside:
+    """`fn(*args)` run in a forked child while this process goes on; `result()` waits for
+    it and returns its value or raises its exception. Where fork is not available, or
+    when the child dies, `result()` runs `fn(*args)` here instead: the work is done
+    either way, in parallel when it can be. `close()` stops a child no longer needed."""
+
+    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
+        self._fn, self._args = fn, args
+        self._child = None
+        if _can_fork():
+            context = multiprocessing.get_context("fork")
+            self._reader, writer = context.Pipe(duplex=False)
+            self._child = context.Process(
+                target=_child, args=(writer, fn, args), name="ddpify-beside"
+            )
+            self._child.start()
+            writer.close()
+
+    def result(self) -> Any:
+        if self._child is None:
+            return self._fn(*self._args)
+        try:
+            status, payload = self._reader.recv()
+        except (EOFError, OSError):
+            status, payload = "died", None
+        finally:
+            self.close()
+        if status == "died":
+            return self._fn(*self._args)
+        if status == "error":
+            raise payload
+        return payload
+
+    def close(self) -> None:
+        child, self._child = self._child, None
+        if child is not None:
+            if child.is_alive():
+                child.kill()
+            child.join()
+            self._reader.close()
 
 
 def _child(writer, fn: Callable[..., Any], args: tuple) -> None:

@@ -19,6 +19,7 @@ import libcst as cst
 
 from ddpify.carried_positions import CarriedPositions, Relative
 from ddpify.codegen import ModuleText
+from ddpify.libcst_speed import parse_module
 from ddpify.positions import Positions
 
 
@@ -42,7 +43,7 @@ class Reparser:
         if module is None:
             self.reused = 0
             self.render = ModuleText()  # forget the old statements
-            module = cst.parse_module(text)
+            module = parse_module(text)
         self._remember(text, module)
         return module
 
@@ -110,7 +111,7 @@ class Reparser:
         if stop_new < start:
             return None
         try:
-            region = cst.parse_module(text[start:stop_new])
+            region = parse_module(text[start:stop_new])
         except (cst.ParserSyntaxError, RecursionError, ValueError):
             return None
         at_end = last == len(starts)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import libcst as cst
 
 from ddpify.codegen import node_code
+from ddpify.libcst_speed import parse_module
 
 # Compound statements whose blocks are spliced: the body, and those of the clauses that
 # follow it (`elif`, `else`, `except`, `finally`).
@@ -275,7 +276,7 @@ def _parse_header(new, indents: tuple[str, ...], style: _Style):
     """The compound statement's header as the parser makes it: the statement with a
     `pass` body, parsed in a scaffold."""
     stub = new.with_changes(body=new.body.with_changes(body=[_PASS], footer=()))
-    module = cst.parse_module(_scaffold(indents, style) + _code(stub, indents, style))
+    module = parse_module(_scaffold(indents, style) + _code(stub, indents, style))
     _require_style(module, style)
     body = _scaffold_body(module, True, len(indents))
     if len(body) != 1 or type(body[0]) is not type(new) or module.footer:
@@ -295,7 +296,7 @@ def _parse_region(owner, start: int, stop: int, indents, style: _Style, after: _
     fixer = depth > 0 or start > 0
     prefix = _scaffold(indents, style) if fixer else _lines(owner.header, (), style)
     if at_end and depth == 0:
-        module = cst.parse_module(prefix + code + _lines(owner.footer, (), style))
+        module = parse_module(prefix + code + _lines(owner.footer, (), style))
         _require_style(module, style)
         return _nonempty(_scaffold_body(module, fixer, 0)), _Region(start, stop, module, ())
     if at_end:
@@ -309,7 +310,7 @@ def _parse_region(owner, start: int, stop: int, indents, style: _Style, after: _
         tail = ""
     tail += _lines(sentinel.leading, sentinel.indents, style)
     tail += "".join(sentinel.indents) + "pass" + style.newline
-    module = cst.parse_module(prefix + code + tail)
+    module = parse_module(prefix + code + tail)
     _require_style(module, style)
     if module.footer:
         raise _NoSplice

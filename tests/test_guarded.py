@@ -159,3 +159,47 @@ def test_a_worker_that_dies_costs_one_file(tmp_path, monkeypatch):
     assert len(by_file) == api.PARALLEL_THRESHOLD + 4
     [poison] = [r for r in report.results if r.filename.endswith("poison.py")]
     assert "SIGSEGV" in poison.diagnostics[0].message
+
+
+def _pid_and(value: int) -> tuple[int, int]:
+    return os.getpid(), value
+
+
+def _die_in_a_child(parent: int) -> int:
+    if os.getpid() != parent:
+        os._exit(3)  # the child dies without a word
+    return 7
+
+
+@fork_only
+def test_beside_runs_its_work_in_another_process_and_returns_it():
+    running = guarded.Beside(_pid_and, 5)
+    pid, value = running.result()
+    assert value == 5 and pid != os.getpid()
+
+
+@fork_only
+def test_beside_raises_the_childs_exception_here():
+    running = guarded.Beside(_raise_gate, "x")
+    with pytest.raises(GateError) as caught:
+        running.result()
+    assert (caught.value.pass_name, caught.value.reason) == ("wrap", "planted")
+
+
+@fork_only
+def test_beside_does_the_work_here_when_the_child_dies():
+    assert guarded.Beside(_die_in_a_child, os.getpid()).result() == 7
+
+
+@fork_only
+def test_beside_closed_early_leaves_no_child_running():
+    running = guarded.Beside(_sleep, 30)
+    child = running._child
+    started = time.monotonic()
+    running.close()
+    assert not child.is_alive() and time.monotonic() - started < 10
+
+
+def test_beside_without_fork_runs_the_work_here(monkeypatch):
+    monkeypatch.setattr(guarded, "_can_fork", lambda: False)
+    assert guarded.Beside(_pid_and, 2).result() == (os.getpid(), 2)

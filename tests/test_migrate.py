@@ -384,6 +384,15 @@ def test_a_pass_that_breaks_compilation_is_named():
     assert "does not compile" in info.value.reason
 
 
+def test_a_pass_that_breaks_compilation_is_named_though_later_passes_ran():
+    # Each pass's output is compiled once, at the end: the blame still finds the pass.
+    passes = [*PASSES[:2], ("broken", _append("return 1\n")), *PASSES[2:]]
+    with pytest.raises(GateError) as info:
+        migrate_source(SIMPLE, "t.py", passes=passes)
+    assert info.value.pass_name == "broken"
+    assert "'return' outside function" in info.value.reason
+
+
 def test_a_pass_that_is_not_idempotent_is_named():
     def noisy(tree, plan):
         plan.change("noisy", "adds a line every time", None)
@@ -431,6 +440,28 @@ def test_input_must_parse():
     with pytest.raises(GateError) as info:
         migrate_source("def broken(:\n", "t.py")
     assert info.value.pass_name == "parse"
+
+
+@pytest.mark.parametrize("compiled", ["here", "in a forked child"])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("def broken(:\n", "line 1"),  # neither parser accepts it
+        ("return 1\n", "'return' outside function (line 1)"),  # libcst accepts it
+    ],
+)
+def test_input_that_python_rejects_is_refused_with_pythons_message(
+    compiled, bad, message, monkeypatch
+):
+    import ddpify.gates as gates
+
+    if compiled != "here":
+        if not hasattr(os, "fork"):
+            pytest.skip("needs fork")
+        monkeypatch.setattr(gates, "PARALLEL_CHARS", 0)
+    with pytest.raises(GateError) as info:
+        migrate_source(bad + SIMPLE, "t.py")
+    assert info.value.pass_name == "parse" and message in info.value.reason
 
 
 # -- CLI --------------------------------------------------------------------------------
@@ -547,7 +578,41 @@ def test_a_pass_that_drops_a_comment_fails_the_gate():
     assert "# the framework" in raised.value.reason
 
 
-def test_a_claimed_code_left_where_no_pass_touched_needs_a_human():
+@pytest.fixture(params=["in this process", "in a forked child"])
+def check_gate_where(request, monkeypatch):
+    """The check gate runs beside the idempotency run for a large output: both ways."""
+    if request.param == "in a forked child":
+        if not hasattr(os, "fork"):
+            pytest.skip("needs fork")
+        import ddpify.migrate.pipeline as pipeline
+
+        monkeypatch.setattr(pipeline, "PARALLEL_CHARS", 0)
+    return request.param
+
+
+def test_a_pass_that_claims_a_fix_check_still_reports_is_named_either_way(check_gate_where):
+    def liar(tree, plan):
+        plan.change("liar", "claims to fix map_location", None, "DDP012")
+        return Edits()
+
+    passes = [p for p in PASSES if p[0] != "data"] + [("liar", liar)]
+    with pytest.raises(GateError) as info:
+        migrate_source(SIMPLE, "t.py", passes=passes)
+    assert info.value.pass_name == "liar"
+    assert "DDP012" in info.value.reason
+
+
+def test_a_pass_that_is_not_idempotent_fails_with_the_check_beside(check_gate_where):
+    def noisy(tree, plan):
+        plan.change("noisy", "adds a line every time", None)
+        return _append("_ddpify_marker = 1\n")(tree, plan)
+
+    with pytest.raises(GateError) as info:
+        migrate_source(SIMPLE, "t.py", passes=[*PASSES, ("noisy", noisy)])
+    assert "idempotent" in info.value.reason
+
+
+def test_a_claimed_code_left_where_no_pass_touched_needs_a_human(check_gate_where):
     def partial(tree, plan):  # claims DDP012 at its own line, leaves another load alone
         plan.change("partial", "map_location on the first load", "state = torch.load(", "DDP012")
         return Edits()
@@ -722,3 +787,17 @@ def test_module_is_not_written_where_the_wrap_holds_on_one_branch_only():
     lines = result.output.splitlines()
     notes = [h for h in result.needs_human if "one branch of `if use_cuda:`" in h.why]
     assert notes and "model.state_dict()" in lines[notes[0].line - 1]
+
+
+@pytest.mark.parametrize("case", ["single_main_argparse", "gan_main_inline", "dp_main"])
+def test_the_check_beside_the_idempotency_run_reports_the_same(case, monkeypatch):
+    path = FIXTURES / "migrate" / case / "before.py"
+    if not path.exists() or not hasattr(os, "fork"):
+        pytest.skip("no such fixture, or no fork")
+    import ddpify.migrate.pipeline as pipeline
+
+    here = migrate_source(path.read_text(), "train.py")
+    monkeypatch.setattr(pipeline, "PARALLEL_CHARS", 0)
+    beside = migrate_source(path.read_text(), "train.py")
+    assert beside.output == here.output
+    assert beside.needs_human == here.needs_human and beside.changes == here.changes

@@ -26,6 +26,7 @@ from ddpify.analysis.names import dotted
 from ddpify.analysis.project import Project
 from ddpify.analysis.roles import iterated_source, train_loaders, view_cached
 from ddpify.analysis.tree import Tree
+from ddpify.libcst_speed import parse_module
 
 DATA_LOADER = "torch.utils.data.DataLoader"
 # Bindings `getattr(module, name)` can never name as a class to call (documentation).
@@ -105,7 +106,7 @@ class _LazyModules:
             return None
         if name not in self._parsed:
             path = self.names[name]
-            tree = Tree(cst.parse_module(self.project.modules[path].text))
+            tree = Tree(parse_module(self.project.modules[path].text))
             self._parsed[name] = _Module(tree, path.stem == "__init__")
         return self._parsed[name]
 

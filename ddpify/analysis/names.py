@@ -51,6 +51,13 @@ def dotted(node: cst.BaseExpression) -> str | None:
     return ".".join(reversed(parts))
 
 
+def root_name(node: cst.BaseExpression) -> str | None:
+    """The name a Name/Attribute chain starts from (`self` of `self.net.fc`), else None."""
+    while type(node) is cst.Attribute:
+        node = node.value  # type: ignore[attr-defined]
+    return node.value if type(node) is cst.Name else None  # type: ignore[attr-defined]
+
+
 def _module_path(node: cst.BaseExpression | None) -> str | None:
     return dotted(node) if node is not None else None
 

@@ -31,6 +31,7 @@ from ddpify.analysis.names import ImportMap
 from ddpify.analysis.tree import Tree
 from ddpify.files import SourceError, SourceFile, decode_source, read_bounded, read_source
 from ddpify.guarded import risky
+from ddpify.libcst_speed import parse_module
 
 MAX_MODULES = 64
 # How far above an entry script a package root may be (`python tools/train.py` importing
@@ -837,7 +838,7 @@ def _parse_module(path: Path) -> tuple[cst.Module, ImportMap, str] | None:
         text = decode_source(data, str(path)).text
         if risky(text):
             return None  # a helper module is not worth a forked parser
-        module = cst.parse_module(text)
+        module = parse_module(text)
     except (SourceError, cst.ParserSyntaxError, RecursionError, MemoryError, ValueError):
         return None
     imports = ImportMap()

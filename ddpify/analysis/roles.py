@@ -21,7 +21,7 @@ from ddpify.analysis.evaluation import looks_like_eval
 from ddpify.analysis.fetchers import fetched_loaders
 from ddpify.analysis.loader_helpers import helper_results
 from ddpify.analysis.model import unwrap_call_chain
-from ddpify.analysis.names import class_methods, dotted, find_arg, method_name
+from ddpify.analysis.names import class_methods, dotted, find_arg, method_name, root_name
 from ddpify.analysis.reachability import in_imported_main_block
 from ddpify.analysis.trained import PARAMETER_METHODS, collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree
@@ -114,13 +114,24 @@ def _chosen_optimizer(view, call: cst.Call) -> bool:
     params)`): an optimizer whatever class the configuration names (torch.optim holds
     little else: its schedulers live in `torch.optim.lr_scheduler`)."""
     if not isinstance(call.func, cst.Call) and not any(
-        (dotted(arg.value) or "").endswith("optim") for arg in call.args
+        _ends_with_optim(arg.value) for arg in call.args
     ):
         return False  # cheap test first: asked for every call of the project
     # loader_classes reads this module's loaders: imported here, not at the top.
     from ddpify.analysis.loader_classes import module_chosen_from
 
     return module_chosen_from(view, call) == "torch.optim"
+
+
+def _ends_with_optim(expr: cst.BaseExpression) -> bool:
+    """`(dotted(expr) or "").endswith("optim")`, reading the last name first."""
+    if type(expr) is cst.Attribute:
+        last = expr.attr.value  # type: ignore[attr-defined]
+    elif type(expr) is cst.Name:
+        last = expr.value  # type: ignore[attr-defined]
+    else:
+        return False
+    return last.endswith("optim") and dotted(expr) is not None
 
 
 def _project_code(view, node: cst.CSTNode) -> bool:
@@ -424,12 +435,16 @@ def _propagate(tree: Tree, names: set[str]) -> set[str]:
     view = tree.view
     functions = view.functions()
     constructors = _constructors(view)
-    for call in view.find(cst.Call):
-        called = _called_function(call, functions, constructors)
+    roots = {name.split(".")[0] for name in names}
+    for call, callee, _ in view.call_names():
+        # A call hands on one of `names` only with an argument that starts from one.
+        if not any(root_name(arg.value) in roots for arg in call.args):
+            continue
+        called = _called_function(callee, functions, constructors)
         if called is None:
             continue
         func, params = called
-        short = (dotted(call.func) or "").rsplit(".", 1)[-1]
+        short = (callee or "").rsplit(".", 1)[-1]
         received = set()
         positional = [a for a in call.args if a.keyword is None and not a.star]
         for index, arg in enumerate(positional):
@@ -479,8 +494,8 @@ def _handed_in(tree: Tree, wrappers: set[str]) -> tuple[dict[str, set[str]], dic
     wrapped: dict[str, set[str]] = {}
     spellings: dict[str, set[str | None]] = {}  # how the calls handing a wrapper name it
     others = []
-    for call in view.find(cst.Call):
-        called = _called_function(call, functions, constructors)
+    for call, callee, _ in view.call_names():
+        called = _called_function(callee, functions, constructors)
         if called is None:
             continue
         func, params = called
@@ -511,10 +526,10 @@ def _callee_key(view, call: cst.Call) -> str | None:
     return view.qualify(call.func) or dotted(call.func)
 
 
-def _called_function(call: cst.Call, functions, constructors):
-    """The project function (or class `__init__`) `call` runs, by its last name, and the
-    parameters the call's arguments fill (`self` dropped for a method or a constructor)."""
-    callee = dotted(call.func)
+def _called_function(callee: str | None, functions, constructors):
+    """The project function (or class `__init__`) a call of `callee` (the dotted callee)
+    runs, by its last name, and the parameters the call's arguments fill (`self` dropped
+    for a method or a constructor)."""
     if callee is None:
         return None
     short = callee.rsplit(".", 1)[-1]

@@ -13,6 +13,7 @@ import libcst as cst
 
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
 from ddpify.codegen import node_code
+from ddpify.libcst_speed import parse_module
 from ddpify.walk import children, walk
 
 if TYPE_CHECKING:
@@ -556,7 +557,7 @@ def mentions(node: cst.CSTNode, name: str) -> bool:
 
 
 def parse_statements(code: str) -> list[cst.BaseStatement]:
-    return list(cst.parse_module(code).body)
+    return list(parse_module(code).body)
 
 
 def indent_of(tree: Tree, statement: cst.BaseStatement) -> str:

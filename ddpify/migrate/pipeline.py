@@ -25,7 +25,8 @@ from ddpify.gates import (
     check_roundtrip,
 )
 from ddpify.gc_tuning import no_collections
-from ddpify.guarded import GaveUp, guarded
+from ddpify.guarded import PARALLEL_CHARS, Beside, GaveUp, guarded
+from ddpify.libcst_speed import parse_module
 from ddpify.migrate import (
     amp,
     data,
@@ -150,17 +151,16 @@ def _migrate_sources(
     for index, (name, plan) in enumerate(zip(names, plans)):
         output = stages[name][-1][1]
         if gates:
-            parse = _output_parser(modules[index], trees[index].module, render)
-            outputs.append(
-                _in_file(name, several, check_compiles, output, "output", "<output>", parse)
-            )
             ends = (modules[index], trees[index].module)
+            _in_file(name, several, _gate_compiles, stages[name], render, ends)
+            parse = _output_parser(*ends, render)
+            outputs.append(
+                _in_file(name, several, check_compiles, output, "output", "<output>", parse, True)
+            )
             _in_file(name, several, _gate_comments, stages[name], render, ends)
         results.append(_result(name, texts[name], output, plan))
     if gates and any(result.changed for result in results):
-        _gate_idempotent(results, options, passes, render, outputs, trees)
-        for name, result, module in zip(names, results, outputs):
-            _in_file(name, several, _gate_check, result, module)
+        _gate_idempotent_and_check(names, results, options, passes, render, outputs, trees)
     for result in results:
         result.locate()
     return results
@@ -174,7 +174,7 @@ def _output_parser(before: cst.Module, after: cst.Module, render: ModuleText):
         module = splice.splice_parse(before, after, text)
         if module is not None and render.code(module) == text:
             return module
-        return cst.parse_module(text)
+        return parse_module(text)
 
     return parse
 
@@ -216,10 +216,6 @@ def _run_pass(
         raise
     except Exception as exc:  # a bug in the pass: blame it, write nothing
         raise GateError(name, f"{type(exc).__name__}: {exc}") from exc
-    written = _written_code(render, tree.module, module, code)
-    if written is not None and _compile_error(written) is None:
-        return module, code  # what the pass wrote compiles; the rest compiled before
-    _compiles(code, name)
     return module, code
 
 
@@ -251,11 +247,23 @@ def _compile_error(code: str) -> Exception | None:
     return None
 
 
-def _compiles(code: str, pass_name: str) -> None:
-    """Python's own compiler, per pass (cheap); the final output also goes through libcst."""
-    error = _compile_error(code)
+def _gate_compiles(
+    stages: list[tuple[str, str]], render: ModuleText, ends: tuple[cst.Module, cst.Module]
+) -> None:
+    """The output must compile under Python's own compiler. The input compiled, so the
+    statements the passes wrote are compiled alone (see `_written_code`); when they do not
+    compile, the first pass whose output does not compile is blamed."""
+    output = stages[-1][1]
+    written = _written_code(render, *ends, output)
+    if _compile_error(output if written is None else written) is None:
+        return
+    for pass_name, code in stages[1:]:
+        error = _compile_error(code)
+        if error is not None:
+            raise GateError(pass_name, f"output does not compile: {error}") from None
+    error = _compile_error(output)  # the statements alone do not, the whole text may
     if error is not None:
-        raise GateError(pass_name, f"output does not compile: {error}") from None
+        raise GateError("pipeline", f"output does not compile: {error}") from None
 
 
 def _result(filename: str, text: str, output: str, plan: Plan) -> MigrationResult:
@@ -318,10 +326,47 @@ def _gate_idempotent(
             )
 
 
-def _gate_check(result: MigrationResult, module: cst.Module) -> None:
+def _gate_idempotent_and_check(
+    names: list[str],
+    results: list[MigrationResult],
+    options: Options,
+    passes,
+    render: ModuleText,
+    outputs: list[cst.Module],
+    trees: list[Tree],
+) -> None:
+    """The idempotency gate, and `_gate_check` on every output: for a large output the
+    check runs in a forked child while this process migrates the output again (each
+    costs seconds on 100k lines; a fork, milliseconds)."""
+    large = sum(len(result.output) for result in results) >= PARALLEL_CHARS
+    checking = Beside(_leftovers_of, names, results, outputs) if large else None
+    try:
+        _gate_idempotent(results, options, passes, render, outputs, trees)
+        if checking is not None:
+            found = checking.result()
+        else:
+            found = _leftovers_of(names, results, outputs)
+    finally:
+        if checking is not None:
+            checking.close()
+    for result, items in zip(results, found):
+        result.needs_human.extend(items)
+
+
+def _leftovers_of(
+    names: list[str], results: list[MigrationResult], outputs: list[cst.Module]
+) -> list[list[HumanItem]]:
+    several = len(names) > 1
+    return [
+        _in_file(name, several, _gate_check, result, module)
+        for name, result, module in zip(names, results, outputs)
+    ]
+
+
+def _gate_check(result: MigrationResult, module: cst.Module) -> list[HumanItem]:
     """`ddpify check` must not report a code the migration claims to fix where it fixed
     it. The same code at a site no pass touched (a shape the pass does not handle) is
-    not a broken rewrite: the report lists it as needing a human."""
+    not a broken rewrite: it is returned, as an item that needs a human."""
     from ddpify.engine import check_module
     from ddpify.rules import ALL_RULES
 
@@ -330,11 +375,11 @@ def _gate_check(result: MigrationResult, module: cst.Module) -> None:
     # findings are the ones a check with every rule makes, at a fraction of the cost.
     rules = [rule for rule in ALL_RULES if rule.CODE in claimed]
     if not rules:
-        return
+        return []
     found = check_module(module, result.output, result.filename, rules).diagnostics
     left = [d for d in found if d.code in claimed]
     if not left:
-        return
+        return []
     result.locate()
     fixed_at = {(c.code, c.line) for c in result.changes if c.code}
     # A change with no line of its own claims its code for the whole file.
@@ -343,6 +388,9 @@ def _gate_check(result: MigrationResult, module: cst.Module) -> None:
         passes = sorted({c.pass_name for c in result.changes if c.code in {d.code for d in broken}})
         listed = "; ".join(f"{d.code} at line {d.location.row}: {d.message}" for d in broken[:3])
         raise GateError(", ".join(passes), f"`ddpify check` still reports {listed}")
-    for d in left:
-        why = f"{d.message} ({d.code}; the migration did not change this one)"
-        result.needs_human.append(HumanItem(why, line=d.location.row))
+    return [
+        HumanItem(
+            f"{d.message} ({d.code}; the migration did not change this one)", line=d.location.row
+        )
+        for d in left
+    ]

@@ -11,13 +11,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-import libcst as cst
-
 from ddpify.analysis.loader_classes import chosen_loader_modules
 from ddpify.analysis.project import Project
 from ddpify.analysis.tree import Tree
 from ddpify.engine import mentions_torch
 from ddpify.files import SourceFile
+from ddpify.libcst_speed import parse_module
 from ddpify.migrate.analyze import Options, computed_imports
 from ddpify.migrate.pipeline import migrate_sources
 from ddpify.migrate.report import MigrationResult
@@ -137,7 +136,7 @@ def _name_computed_imports(project: Project, results: list) -> None:
     if entry.migrated or not (entry.reason or "").startswith("no training step"):
         return
     trees = [
-        Tree(cst.parse_module(module.text))
+        Tree(parse_module(module.text))
         for module in project.modules.values()
         if "import_module" in module.text
     ]

@@ -6,6 +6,7 @@ import functools
 
 import libcst as cst
 
+from ddpify.libcst_speed import parse_module
 from ddpify.migrate.analyze import SETUP_FUNCTION
 
 ENV_COMMENT = (
@@ -100,7 +101,7 @@ def _parsed_expression(code: str) -> cst.BaseExpression:
 
 @functools.lru_cache(maxsize=512)
 def _parsed_template(code: str) -> cst.Module:
-    return cst.parse_module(code)
+    return parse_module(code)
 
 
 def _parsed_module(code: str) -> cst.Module:

@@ -19,7 +19,7 @@ from ddpify.analysis.bundles import (
 from ddpify.analysis.lazy_modules import lazy_wrap_points
 from ddpify.analysis.module_globals import functions_run_after, reads_module_binding
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
-from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.names import dotted, find_arg, method_name, root_name
 from ddpify.analysis.repeated_forwards import forwards_of_several_shapes
 from ddpify.analysis.roles import (
     class_of,
@@ -1521,7 +1521,14 @@ def _may_run_submodules(tree: Tree, attr: str) -> bool:
 def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:
     """`name.attr` nodes that run after `statement` wrapped `name`."""
     sees = _wrapper_reader(tree, name, statement)
-    found = [attr for attr in tree.find(cst.Attribute) if sees(attr, dotted(attr.value))]
+    # Only a path that starts from a name `sees` can accept is worth building (the file's
+    # every attribute is asked).
+    roots = sees.roots  # type: ignore[attr-defined]
+    found = [
+        attr
+        for attr in tree.find(cst.Attribute)
+        if root_name(attr.value) in roots and sees(attr, dotted(attr.value))
+    ]
     return [a for a in found if not _is_call_target_of_wrapper(tree, a)]
 
 
@@ -1584,6 +1591,8 @@ def _wrapper_reader(tree: Tree, name: str, statement: cst.CSTNode):
             return False
         return receiver in [p.name.value for p in func.params.params]
 
+    # The first name of every path `sees` can accept.
+    sees.roots = {name.split(".")[0]}.union(*helpers.values())  # type: ignore[attr-defined]
     return sees
 
 

@@ -1,0 +1,48 @@
+"""The parse that skips re-checking the parser's own nodes (ddpify/libcst_speed.py)."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+from libcst._nodes.base import CSTNode
+
+from ddpify.libcst_speed import parse_module
+from tests.helpers import FIXTURES
+
+
+def _node_classes(base: type) -> list[type]:
+    found = []
+    for cls in base.__subclasses__():
+        found.append(cls)
+        found.extend(_node_classes(cls))
+    return found
+
+
+def test_no_node_class_has_its_own_post_init():
+    # The skip is installed on CSTNode alone: a class of its own would bypass it.
+    assert [c for c in _node_classes(CSTNode) if "__post_init__" in vars(c)] == []
+
+
+@pytest.mark.parametrize(
+    "path", sorted((FIXTURES / "migrate").glob("*/before.py"))[:25], ids=lambda p: p.parent.name
+)
+def test_the_module_equals_libcsts_parse(path):
+    text = path.read_text()
+    module = parse_module(text)
+    assert module.deep_equals(cst.parse_module(text))
+    assert module.code == text
+
+
+def test_nodes_made_outside_a_parse_are_still_checked():
+    parse_module("x = 1\n")
+    with pytest.raises(cst.CSTValidationError):
+        cst.SimpleWhitespace("not whitespace")
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("x", lpar=[cst.LeftParen()])  # a parenthesis with no partner
+
+
+def test_a_syntax_error_is_libcsts_own():
+    with pytest.raises(cst.ParserSyntaxError):
+        parse_module("def broken(:\n")
+    with pytest.raises(cst.CSTValidationError):  # and the check is back on after it
+        cst.SimpleWhitespace("x")
