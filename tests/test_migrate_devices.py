@@ -252,3 +252,29 @@ def test_two_backwards_before_one_step_update_the_scaler_once():
     out = migrate_source(code, "t.py").output
     assert out.count("SCALER.update()") == 1 and out.count("SCALER.step(optimizer)") == 1
     assert out.count("with torch.autocast(") == 2
+
+
+# -- a device an option picks -----------------------------------------------------------
+
+
+def migrate_case(case: str) -> str:
+    return migrate_source((CASES_DIR / case / "before.py").read_text(), "before.py").output
+
+
+def test_a_model_on_an_options_device_gets_no_device_ids():
+    """`--device` defaults to "cpu": on a GPU machine DDP would reject device_ids for the
+    CPU module; without them DDP takes whatever device the option put the model on."""
+    out = migrate_case("device_option_cpu_default")
+    assert "model = DDP(model)\n" in out
+    assert "device_ids" not in out.split("def main")[1]
+
+
+def test_an_options_accepted_spellings_are_not_rewritten():
+    out = migrate_case("device_option_cpu_default")
+    assert 'choices=["cpu", "cuda"]' in out  # `--device cuda` must still parse
+
+
+def test_a_device_chosen_by_availability_keeps_device_ids():
+    code = _step("loss = loss_fn(model(x), y)\nloss.backward()\noptimizer.step()")
+    out = migrate_source(code, "t.py").output
+    assert "device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None" in out

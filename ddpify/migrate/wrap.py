@@ -16,6 +16,7 @@ from ddpify.analysis.bundles import (
     data_parallel_feeding_bundles,
     trained_helper_bundles,
 )
+from ddpify.analysis.devices import moved_by_option
 from ddpify.analysis.lazy_modules import lazy_wrap_points
 from ddpify.analysis.module_globals import functions_run_after, reads_module_binding
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
@@ -282,10 +283,20 @@ def _ddp_call(
     tree: Tree, plan: Plan, inner: str, extra: str = "", device_ids: str | None = None
 ) -> str:
     """`DDP(inner, device_ids=...)`; a script that keeps its model on the CPU gets no
-    device_ids, which DDP rejects for a CPU module (even on a GPU machine). `device_ids`
+    device_ids, which DDP rejects for a CPU module (even on a GPU machine), nor does a model
+    whose device an option picks (it may be the CPU): DDP then takes the module's own device
+    (`.to("cuda")` is this process's GPU: init_distributed() set it). `device_ids`
     overrides the default test when the model is on a GPU only under a condition."""
     plan.needs.add("ddp")
     if not runs_on_cuda(tree):
+        return f"{plan.ddp}({inner}{extra})"
+    if moved_by_option(tree, inner):
+        plan.change(
+            NAME,
+            f"{inner}: DDP without device_ids, as an option picks its device (perhaps the CPU)",
+            f"{plan.ddp}({inner}",
+            "DDP011",
+        )
         return f"{plan.ddp}({inner}{extra})"
     return f"{plan.ddp}({inner}, device_ids={device_ids or snippets.DEVICE_IDS}{extra})"
 
