@@ -28,7 +28,7 @@ DRAWS_RANDOM_EACH_STEP = {"gan_main_inline", "handmade_get_batch"}
 # Cases whose step calls a part of the model outside DDP's forward (`model.encoder(x)`): the
 # migration reports it as needing a human (DDP033, tests/test_migrate.py), and verify finds
 # the ranks' gradients differ, as it should (checked by hand: it costs a minute of torch runs).
-BYPASSES_THE_WRAPPER = {"submodule_call"}
+BYPASSES_THE_WRAPPER = {"submodule_call", "seq2seq_module_methods"}
 # Cases that train on an IterableDataset: the stream decides its own order, which verify
 # does not align between 1 and N processes (inconclusive; the case runs in test_migrate_run).
 READS_A_STREAM = {"text_stream"}
