@@ -278,3 +278,37 @@ def test_a_device_chosen_by_availability_keeps_device_ids():
     code = _step("loss = loss_fn(model(x), y)\nloss.backward()\noptimizer.step()")
     out = migrate_source(code, "t.py").output
     assert "device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None" in out
+
+
+# -- gradient penalties -----------------------------------------------------------------
+
+
+def _penalty_items(result) -> list:
+    return [item for item in result.needs_human if "gradient penalty" in item.why]
+
+
+def test_a_gradient_penalty_keeps_the_script_in_full_precision():
+    """gan_r1_penalty differentiates `torch.autograd.grad(..., create_graph=True)`: a
+    GradScaler would not scale those gradients, so no AMP, and the report says why."""
+    result = migrate_source((CASES_DIR / "gan_r1_penalty" / "before.py").read_text(), "b.py")
+    assert "autocast" not in result.output and "SCALER" not in result.output
+    (item,) = _penalty_items(result)
+    assert result.output.splitlines()[item.line - 1].strip().startswith("(grads,) = torch.autograd")
+
+
+@pytest.mark.parametrize(
+    "step, amp",
+    [
+        ("loss = loss_fn(model(x), y)\nloss.backward(create_graph=True)\noptimizer.step()", False),
+        (
+            "loss = loss_fn(model(x), y)\n"
+            "(g,) = torch.autograd.grad(loss, x, create_graph=False)\n"
+            "loss.backward()\noptimizer.step()",
+            True,
+        ),
+    ],
+)
+def test_only_a_graph_of_gradients_keeps_amp_off(step, amp):
+    result = migrate_source(_step(step), "t.py")
+    assert ("autocast" in result.output) is amp
+    assert bool(_penalty_items(result)) is not amp
