@@ -312,3 +312,14 @@ def test_only_a_graph_of_gradients_keeps_amp_off(step, amp):
     result = migrate_source(_step(step), "t.py")
     assert ("autocast" in result.output) is amp
     assert bool(_penalty_items(result)) is not amp
+
+
+def test_a_penalty_helper_nobody_calls_leaves_amp_on():
+    helper = (
+        "\ndef gradient_penalty(critic, real):\n"
+        "    (g,) = torch.autograd.grad(critic(real).sum(), real, create_graph=True)\n"
+        "    return g.pow(2).sum()\n"
+    )
+    code = _step("loss = loss_fn(model(x), y)\nloss.backward()\noptimizer.step()", helper)
+    result = migrate_source(code, "t.py")
+    assert "autocast" in result.output and not _penalty_items(result)

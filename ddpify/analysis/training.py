@@ -339,9 +339,25 @@ def gradient_penalties(view) -> list[cst.Call]:
     found = []
     for call in view.find(cst.Call, _creates_graph):
         if method_name(call) == "backward" or view.qualify(call.func) == GRAD:
-            if not never_run(view, call):
+            if not never_run(view, call) and _function_is_called(view, call):
                 found.append(call)
     return found
+
+
+def _function_is_called(view, node: cst.CSTNode) -> bool:
+    """Whether the function `node` lies in (if any) is called somewhere, by its name
+    (`cal_gradient_penalty(...)`, `self.r1(...)`): a penalty helper nobody calls (an option
+    of a shared network module this script never takes) computes nothing."""
+    function = view.owner(node).function(node)
+    if function is None:
+        return True
+    name = function.name.value
+
+    def calls_it(call: cst.Call) -> bool:
+        callee = dotted(call.func) or ""
+        return callee.rsplit(".", 1)[-1] == name and not view.inside(call, function)
+
+    return bool(view.find(cst.Call, calls_it))
 
 
 def _creates_graph(call: cst.Call) -> bool:
