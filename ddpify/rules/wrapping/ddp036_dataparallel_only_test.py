@@ -43,8 +43,9 @@ class DataParallelOnlyTest(WrapperRule):
 
     def _note(self, node: cst.BaseExpression) -> None:
         test = data_parallel_test(node, self.context.qualify)
-        ancestors = self.context.ancestors[:-1]
-        if test is not None and skips_unwrap_under_ddp(test, ancestors, self.context.qualify):
+        if test is None:
+            return
+        if skips_unwrap_under_ddp(test, self.context.ancestors[:-1], self.context.qualify):
             self.tests.append(test)
 
     def leave_Module(self, node: cst.Module) -> None:
