@@ -7,7 +7,15 @@ import libcst as cst
 import pytest
 
 from ddpify.analysis.names import ImportMap
-from ddpify.analysis.seeding import draws_from_global_stream, seed_parameter
+from ddpify.analysis.seeding import (
+    ALIKE,
+    CONDITIONAL,
+    UNSEEDED,
+    draws_from_global_stream,
+    seed_parameter,
+    torch_seeding,
+)
+from ddpify.analysis.tree import Tree
 
 IMPORTS = ImportMap()
 for _line in ("import random", "import numpy as np", "import torch"):
@@ -53,3 +61,42 @@ def test_draws_from_global_stream(code, expected):
     call = cst.parse_expression(code)
     assert isinstance(call, cst.Call)
     assert draws_from_global_stream(call, IMPORTS) is expected
+
+
+@pytest.mark.parametrize(
+    "code, kind, condition",
+    [
+        ("import torch\ntorch.manual_seed(0)\n", ALIKE, None),
+        ("import torch\nif __name__ == '__main__':\n    torch.manual_seed(0)\n", ALIKE, None),
+        ("import torch\ndef main(a):\n    torch.random.manual_seed(a.seed)\n", ALIKE, None),
+        (
+            "import torch\ndef main(a):\n    if a.seed is not None:\n"
+            "        torch.manual_seed(a.seed)\n",
+            CONDITIONAL,
+            "a.seed is not None",
+        ),
+        # a seeding helper called only under a condition
+        (
+            "import torch\ndef set_seed(s):\n    torch.manual_seed(s)\n"
+            "def main(a):\n    if a.seed:\n        set_seed(a.seed)\n",
+            CONDITIONAL,
+            "a.seed",
+        ),
+        (
+            "import torch\ndef set_seed(s):\n    torch.manual_seed(s)\n"
+            "def main(a):\n    set_seed(a.seed)\n",
+            ALIKE,
+            None,
+        ),
+        # one conditional seed and one on every path: every rank is seeded alike
+        (
+            "import torch\nif cfg:\n    torch.manual_seed(1)\ntorch.manual_seed(0)\n",
+            ALIKE,
+            None,
+        ),
+        ("import torch\nimport random\nrandom.seed(0)\n", UNSEEDED, None),
+    ],
+)
+def test_torch_seeding(code, kind, condition):
+    seeding = torch_seeding(Tree(cst.parse_module(code)))
+    assert (seeding.kind, seeding.condition) == (kind, condition)

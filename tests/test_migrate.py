@@ -174,6 +174,16 @@ def test_a_part_of_the_model_called_in_the_step_is_reported_not_hidden():
     assert not any("noise_like" in item.why for item in result.needs_human)
 
 
+@pytest.mark.parametrize("case", ["submodule_call", "seq2seq_module_methods"])
+def test_check_on_the_output_reports_each_bypass_migrate_reported(case):
+    """`model.module.encode(x)` in a step that never calls `model(...)`: migrate cannot
+    fix it and says so (DDP033); `ddpify check` on its output says so on the same lines."""
+    result = migrate_source((CASES_DIR / case / "before.py").read_text(), "b.py")
+    reported = sorted(item.line for item in result.needs_human if "(DDP033)" in item.why)
+    found = check_source(result.output, "after.py", ALL_RULES, force=True).diagnostics
+    assert reported and sorted(d.location.row for d in found if d.code == "DDP033") == reported
+
+
 @pytest.mark.parametrize(
     ("case", "policy", "scaling", "expected"),
     [

@@ -270,6 +270,83 @@ def test_tests_that_accept_ddp_or_decide_no_unwrap_are_left_alone(body):
     assert out == source and not plan.changes
 
 
+@pytest.mark.parametrize(
+    "test, widened",
+    [
+        ("type(model) == nn.DataParallel", "type(model) in (nn.DataParallel, DDP)"),
+        ("type(model) is nn.DataParallel", "type(model) in (nn.DataParallel, DDP)"),
+        ("type(model) in (nn.DataParallel,)", "type(model) in (nn.DataParallel, DDP)"),
+        ("nn.DataParallel == type(model)", "type(model) in (nn.DataParallel, DDP)"),
+    ],
+)
+def test_a_type_comparison_for_dataparallel_also_accepts_ddp(test, widened):
+    source = (
+        "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        f"def plain(model):\n    return model.module if {test} else model\n"
+    )
+    out, plan = _type_tests_out(source)
+    assert f"return model.module if {widened} else model" in out
+    assert [change.code for change in plan.changes] == ["DDP036"]
+
+
+@pytest.mark.parametrize("operator", ["!=", "is not"])
+def test_a_negated_type_comparison_becomes_not_in(operator):
+    source = (
+        "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        "def plain(model):\n"
+        f"    return model if type(model) {operator} nn.DataParallel else model.module\n"
+    )
+    out, _ = _type_tests_out(source)
+    assert "return model if type(model) not in (nn.DataParallel, DDP) else model.module" in out
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return model.module if type(model) in (nn.DataParallel, DDP) else model",
+        "return model.module if type(model) == nn.DataParallel or type(model) == DDP else model",
+        "assert type(model) != nn.DataParallel",
+        "return 'dp' if type(model) == nn.DataParallel else 'plain'",
+        "return model.module if type(model) == nn.Sequential else model",
+    ],
+)
+def test_type_comparisons_that_accept_ddp_or_decide_no_unwrap_are_left_alone(body):
+    source = (
+        "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        f"def plain(model):\n    {body}\n"
+    )
+    out, plan = _type_tests_out(source)
+    assert out == source and not plan.changes
+
+
+def _saved_keys(script, out) -> list[str]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, str(script), "--epochs", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import torch
+
+    return sorted(torch.load(out))
+
+
+@pytest.mark.torchrun
+def test_type_equality_unwraps_keep_the_originals_checkpoint_keys(tmp_path):
+    """dp_type_equality_unwrap saves through `model if type(model) != nn.DataParallel else
+    model.module`: converted, the DDP wrapper is unwrapped too, so the keys match."""
+    pytest.importorskip("torch")
+    case = FIXTURES / "migrate" / "dp_type_equality_unwrap"
+    before = _saved_keys(case / "before.py", tmp_path / "before.pt")
+    after = _saved_keys(case / "after.py", tmp_path / "after.pt")
+    assert after == before and not any(key.startswith("module.") for key in after)
+
+
 REWRAPS = """\
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP

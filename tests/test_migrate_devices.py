@@ -252,3 +252,74 @@ def test_two_backwards_before_one_step_update_the_scaler_once():
     out = migrate_source(code, "t.py").output
     assert out.count("SCALER.update()") == 1 and out.count("SCALER.step(optimizer)") == 1
     assert out.count("with torch.autocast(") == 2
+
+
+# -- a device an option picks -----------------------------------------------------------
+
+
+def migrate_case(case: str) -> str:
+    return migrate_source((CASES_DIR / case / "before.py").read_text(), "before.py").output
+
+
+def test_a_model_on_an_options_device_gets_no_device_ids():
+    """`--device` defaults to "cpu": on a GPU machine DDP would reject device_ids for the
+    CPU module; without them DDP takes whatever device the option put the model on."""
+    out = migrate_case("device_option_cpu_default")
+    assert "model = DDP(model)\n" in out
+    assert "device_ids" not in out.split("def main")[1]
+
+
+def test_an_options_accepted_spellings_are_not_rewritten():
+    out = migrate_case("device_option_cpu_default")
+    assert 'choices=["cpu", "cuda"]' in out  # `--device cuda` must still parse
+
+
+def test_a_device_chosen_by_availability_keeps_device_ids():
+    code = _step("loss = loss_fn(model(x), y)\nloss.backward()\noptimizer.step()")
+    out = migrate_source(code, "t.py").output
+    assert "device_ids=[LOCAL_RANK] if torch.cuda.is_available() else None" in out
+
+
+# -- gradient penalties -----------------------------------------------------------------
+
+
+def _penalty_items(result) -> list:
+    return [item for item in result.needs_human if "gradient penalty" in item.why]
+
+
+def test_a_gradient_penalty_keeps_the_script_in_full_precision():
+    """gan_r1_penalty differentiates `torch.autograd.grad(..., create_graph=True)`: a
+    GradScaler would not scale those gradients, so no AMP, and the report says why."""
+    result = migrate_source((CASES_DIR / "gan_r1_penalty" / "before.py").read_text(), "b.py")
+    assert "autocast" not in result.output and "SCALER" not in result.output
+    (item,) = _penalty_items(result)
+    assert result.output.splitlines()[item.line - 1].strip().startswith("(grads,) = torch.autograd")
+
+
+@pytest.mark.parametrize(
+    "step, amp",
+    [
+        ("loss = loss_fn(model(x), y)\nloss.backward(create_graph=True)\noptimizer.step()", False),
+        (
+            "loss = loss_fn(model(x), y)\n"
+            "(g,) = torch.autograd.grad(loss, x, create_graph=False)\n"
+            "loss.backward()\noptimizer.step()",
+            True,
+        ),
+    ],
+)
+def test_only_a_graph_of_gradients_keeps_amp_off(step, amp):
+    result = migrate_source(_step(step), "t.py")
+    assert ("autocast" in result.output) is amp
+    assert bool(_penalty_items(result)) is not amp
+
+
+def test_a_penalty_helper_nobody_calls_leaves_amp_on():
+    helper = (
+        "\ndef gradient_penalty(critic, real):\n"
+        "    (g,) = torch.autograd.grad(critic(real).sum(), real, create_graph=True)\n"
+        "    return g.pow(2).sum()\n"
+    )
+    code = _step("loss = loss_fn(model(x), y)\nloss.backward()\noptimizer.step()", helper)
+    result = migrate_source(code, "t.py")
+    assert "autocast" in result.output and not _penalty_items(result)

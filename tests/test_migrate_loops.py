@@ -254,3 +254,28 @@ def test_dataparallel_nested_under_a_cuda_test_into_another_name_is_refused_with
     assert not result.migrated
     assert "net = torch.nn.DataParallel(model)" in result.reason
     assert "if torch.cuda.is_available():" in result.reason
+
+
+def _unseeded_items(result) -> list:
+    return [item for item in result.needs_human if "draws the same one" in item.why]
+
+
+def test_a_batch_split_by_rank_without_a_seed_on_every_path_is_reported():
+    """handmade_conditional_seed seeds torch only under `if args.seed is not None`: with
+    the default, each rank draws its own batch and keeps a block of it, so the report must
+    say the step is no longer the original's, on the line that splits the batch."""
+    case = FIXTURES / "migrate" / "handmade_conditional_seed" / "before.py"
+    result = migrate_source(case.read_text(), "before.py")
+    (item,) = _unseeded_items(result)
+    assert "`args.seed is not None`" in item.why
+    assert result.output.splitlines()[item.line - 1].strip().startswith("xb = xb[RANK")
+
+
+def test_a_batch_split_by_rank_with_torch_seeded_alike_is_not_reported():
+    case = FIXTURES / "migrate" / "handmade_conditional_seed" / "before.py"
+    seeded = case.read_text().replace(
+        "    if args.seed is not None:\n        torch.manual_seed(args.seed)\n",
+        "    torch.manual_seed(0 if args.seed is None else args.seed)\n",
+    )
+    result = migrate_source(seeded, "before.py")
+    assert "xb = xb[RANK" in result.output and not _unseeded_items(result)

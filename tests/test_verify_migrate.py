@@ -24,11 +24,16 @@ CASES = sorted(path.parent.name for path in (FIXTURES / "migrate").glob("*/befor
 # they draw random numbers between optimizer steps (GAN noise, get_batch() windows), and
 # verify calls any such comparison inconclusive, even when the runs agree (handmade_get_batch
 # agrees at every step).
-DRAWS_RANDOM_EACH_STEP = {"gan_main_inline", "handmade_get_batch"}
+DRAWS_RANDOM_EACH_STEP = {
+    "gan_main_inline",
+    "gan_r1_penalty",
+    "handmade_get_batch",
+    "handmade_conditional_seed",
+}
 # Cases whose step calls a part of the model outside DDP's forward (`model.encoder(x)`): the
 # migration reports it as needing a human (DDP033, tests/test_migrate.py), and verify finds
 # the ranks' gradients differ, as it should (checked by hand: it costs a minute of torch runs).
-BYPASSES_THE_WRAPPER = {"submodule_call"}
+BYPASSES_THE_WRAPPER = {"submodule_call", "seq2seq_module_methods"}
 # Cases that train on an IterableDataset: the stream decides its own order, which verify
 # does not align between 1 and N processes (inconclusive; the case runs in test_migrate_run).
 READS_A_STREAM = {"text_stream"}

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from ddpify.analysis.names import dotted, find_arg, method_name
+
+if TYPE_CHECKING:
+    from ddpify.analysis.tree import Tree
 
 # Calls whose "cuda" argument is a device *type*, which places nothing anywhere.
 DEVICE_TYPE_CALLS = frozenset(
@@ -120,3 +124,81 @@ def _names_a_device(node: cst.CSTNode, qualify: Qualify, parent: Mapping) -> boo
         if isinstance(call, cst.Call) and qualify(call.func) in DEVICE_TYPE_CALLS:
             return False
     return True
+
+
+def option_spelling(node: cst.CSTNode, parent: Mapping) -> bool:
+    """Whether `node` is one of the values an option accepts (`choices=["cpu", "cuda"]`
+    of `add_argument`): text the user types, not a device this process uses."""
+    element = parent.get(node)
+    if not isinstance(element, cst.Element):
+        return False
+    arg = parent.get(parent.get(element))
+    return isinstance(arg, cst.Arg) and arg.keyword is not None and arg.keyword.value == "choices"
+
+
+PARSE_CALLS = ("parse_args", "parse_known_args")
+
+
+def moved_by_option(tree: Tree, model: str) -> bool:
+    """Whether the model named `model` goes to a device a command-line option names
+    (`model.to(args.device)`, `device = torch.device(opt.device)`; `model.to(device)`).
+
+    Such a model may stay on the CPU on a GPU machine (`--device cpu`, makemore's default),
+    where DDP rejects `device_ids`; without them DDP takes the module's own device."""
+    for call in tree.find(cst.Call, lambda c: method_name(c) == "to"):
+        device = find_arg(call, "device", 0)
+        if device is None or _moved_object(tree, call) != model:
+            continue
+        if _reads_option(tree, device.value, depth=3):
+            return True
+    return False
+
+
+def _moved_object(tree: Tree, call: cst.Call) -> str | None:
+    """`net` of `net.to(d)`, or of `net = Net().to(d)`."""
+    receiver = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    above = tree.parent.get(call)
+    if isinstance(above, cst.Assign) and len(above.targets) == 1:
+        return dotted(above.targets[0].target)
+    return receiver
+
+
+def _reads_option(tree: Tree, expr: cst.BaseExpression, depth: int) -> bool:
+    """`args.device`, `torch.device(args.device)`, or a name bound to one of them, where
+    `args` holds what an argument parser parsed."""
+    if depth == 0:
+        return False
+    if isinstance(expr, cst.Call) and tree.qualify(expr.func) == "torch.device" and expr.args:
+        return _reads_option(tree, expr.args[0].value, depth - 1)
+    if isinstance(expr, cst.Attribute):
+        root = (dotted(expr) or "").split(".")[0]
+        return bool(root) and root in _parsed_option_holders(tree)
+    if isinstance(expr, cst.Name):
+        return any(_reads_option(tree, value, depth - 1) for value in _values_of(tree, expr.value))
+    return False
+
+
+def _parsed_option_holders(tree: Tree) -> set[str]:
+    """Names bound to `parser.parse_args()` (or the first of `parse_known_args()`)."""
+    holders = set()
+    for call in tree.find(cst.Call, lambda c: method_name(c) in PARSE_CALLS):
+        above = tree.parent.get(call)
+        if isinstance(above, cst.Subscript):
+            above = tree.parent.get(above)
+        if isinstance(above, cst.Assign):
+            for target in above.targets:
+                element = target.target
+                if isinstance(element, cst.Tuple) and element.elements:
+                    element = element.elements[0].value
+                if isinstance(element, cst.Name):
+                    holders.add(element.value)
+    return holders
+
+
+def _values_of(tree: Tree, name: str) -> list[cst.BaseExpression]:
+    """The values plain assignments bind to `name`, in any scope."""
+    return [
+        assign.value
+        for assign in tree.find(cst.Assign)
+        if any(isinstance(t.target, cst.Name) and t.target.value == name for t in assign.targets)
+    ]

@@ -11,11 +11,13 @@ from the streams that seed feeds.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
 
 from ddpify.analysis.names import ImportMap
+from ddpify.analysis.names import dotted as dotted_name
 from ddpify.analysis.project import LocalFunctions, common_root, local_imports, text_and_digest
 from ddpify.files import SourceError, read_bounded
 from ddpify.walk import children
@@ -33,6 +35,12 @@ SEED_CALLS = frozenset(
         "transformers.trainer_utils.set_seed",
     }
 )
+# Calls that seed torch's global stream (the CPU one, and every GPU's).
+TORCH_SEEDS = ("torch.manual_seed", "torch.random.manual_seed")
+# How a project seeds torch (`torch_seeding`).
+ALIKE = "alike"  # a seed call runs on every path: every rank draws the same numbers
+CONDITIONAL = "conditional"  # only under a condition (`if args.seed is not None:`)
+UNSEEDED = "unseeded"
 # Libraries whose `Random*` transforms draw from the global streams.
 AUGMENTATION_PACKAGES = ("torchvision.transforms", "albumentations", "kornia.augmentation")
 # Python, NumPy and torch draws from the global streams.
@@ -173,3 +181,58 @@ def _nodes(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
         node = stack.pop()
         yield node
         stack.extend(children(node))
+
+
+@dataclass(frozen=True)
+class TorchSeeding:
+    kind: str  # ALIKE, CONDITIONAL or UNSEEDED
+    call: cst.Call | None = None  # the first seed call, None when UNSEEDED
+    condition: str | None = None  # the first line of the condition, when CONDITIONAL
+
+
+def torch_seeding(view) -> TorchSeeding:
+    """Whether every rank seeds torch's global stream alike: ALIKE when some seed call
+    (`torch.manual_seed(0)`) runs on every path, CONDITIONAL when each one runs under a
+    condition (`if args.seed is not None:`, or a seeding helper only called under one),
+    UNSEEDED when the project never seeds torch. Code that splits one drawn batch by rank,
+    or replicates a step on every rank, is exact only when the ranks draw alike."""
+    calls = view.calls_to(*TORCH_SEEDS)
+    if not calls:
+        return TorchSeeding(UNSEEDED)
+    conditions = [_seed_condition(view, call) for call in calls]
+    for call, condition in zip(calls, conditions):
+        if condition is None:
+            return TorchSeeding(ALIKE, call)
+    first = conditions[0]
+    return TorchSeeding(CONDITIONAL, calls[0], first.strip().splitlines()[0] if first else None)
+
+
+def _seed_condition(view, call: cst.Call) -> str | None:
+    """The code of the condition a seed call runs under (the `if` test), or None when it
+    runs on every path. A call inside a function counts as conditional when every call of
+    that function by name is (a `set_seed(args.seed)` helper under `if args.seed:`)."""
+    tree = view.owner(call)
+    own = _condition_above(tree, call)
+    if own is not None:
+        return own
+    function = tree.function(call)
+    if function is None:
+        return None
+    name = function.name.value
+    callers = view.find(cst.Call, lambda c: (dotted_name(c.func) or "").split(".")[-1] == name)
+    if not callers:
+        return None
+    outer = [_condition_above(view.owner(c), c) for c in callers]
+    return None if any(o is None for o in outer) else outer[0]
+
+
+def _condition_above(tree, node: cst.CSTNode) -> str | None:
+    """The test of the innermost `if` (or conditional expression) around `node` within its
+    function, not the `__main__` guard; None when there is none."""
+    guard = tree.main_guard()
+    for above in reversed(tree.ancestors(node)):
+        if isinstance(above, (cst.FunctionDef, cst.ClassDef)):
+            return None
+        if isinstance(above, (cst.If, cst.IfExp)) and above is not guard:
+            return tree.code(above.test)
+    return None

@@ -18,6 +18,7 @@ import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
 from ddpify.analysis.names import dotted, find_arg, method_name
+from ddpify.analysis.reachability import never_run
 from ddpify.analysis.roles import backward_units, distributed_sampler_value, iterated_name
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.values import mentions_world_size, per_process_source
@@ -324,6 +325,46 @@ def is_optimizer_step(call: cst.Call, optimizers: Collection[str] = ()) -> bool:
     if "sched" in receiver or "lr" in receiver.rsplit(".", 1)[-1]:
         return False
     return "opt" in receiver or "scaler" in receiver
+
+
+GRAD = "torch.autograd.grad"
+
+
+def gradient_penalties(view) -> list[cst.Call]:
+    """Gradients the step differentiates again: `torch.autograd.grad(..., create_graph=True)`
+    (an R1 or WGAN-GP gradient penalty) or `loss.backward(create_graph=True)`, in code the
+    project runs. A GradScaler scales only the loss it is given: such a penalty, taken on
+    an fp16 graph, underflows or overflows unless its own gradients are scaled and
+    unscaled by hand (the torch.amp "gradient penalty" recipe)."""
+    found = []
+    for call in view.find(cst.Call, _creates_graph):
+        if method_name(call) == "backward" or view.qualify(call.func) == GRAD:
+            if not never_run(view, call) and _function_is_called(view, call):
+                found.append(call)
+    return found
+
+
+def _function_is_called(view, node: cst.CSTNode) -> bool:
+    """Whether the function `node` lies in (if any) is called somewhere, by its name
+    (`cal_gradient_penalty(...)`, `self.r1(...)`): a penalty helper nobody calls (an option
+    of a shared network module this script never takes) computes nothing."""
+    function = view.owner(node).function(node)
+    if function is None:
+        return True
+    name = function.name.value
+
+    def calls_it(call: cst.Call) -> bool:
+        callee = dotted(call.func) or ""
+        return callee.rsplit(".", 1)[-1] == name and not view.inside(call, function)
+
+    return bool(view.find(cst.Call, calls_it))
+
+
+def _creates_graph(call: cst.Call) -> bool:
+    arg = find_arg(call, "create_graph")
+    return arg is not None and not (
+        isinstance(arg.value, cst.Name) and arg.value.value in ("False", "None")
+    )
 
 
 def accumulation_test(test: cst.BaseExpression, model: ScriptModel | None = None) -> bool:

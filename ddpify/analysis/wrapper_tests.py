@@ -1,4 +1,5 @@
-"""Type tests for DataParallel alone: `isinstance(model, nn.DataParallel)`.
+"""Type tests for DataParallel alone: `isinstance(model, nn.DataParallel)`,
+`type(model) == nn.DataParallel` (`is`, `!=`, `is not`).
 
 Research code unwraps its model before saving or calling its own methods with
 `model.module if isinstance(model, nn.DataParallel) else model`. A DDP wrapper is not a
@@ -34,33 +35,77 @@ _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 @dataclass(frozen=True)
 class DataParallelTest:
-    """One `isinstance(tested, classes)` that a DDP wrapper fails."""
+    """One test for DataParallel that a DDP wrapper fails: `isinstance(tested, classes)`,
+    or a comparison of `type(tested)` with them (`type(m) == nn.DataParallel`, `is`,
+    `!=`, `is not`, `in (...)`, `not in (...)`)."""
 
-    call: cst.Call
+    node: cst.BaseExpression  # the isinstance call or the comparison
     tested: cst.BaseExpression
     classes: cst.BaseExpression  # the class argument: a name, or a tuple of them
 
-    def widened(self, ddp: str) -> cst.BaseExpression:
-        """The class argument with the DDP class `ddp` (as spelled in the module) added:
-        `nn.DataParallel` -> `(nn.DataParallel, DDP)`, `(A, B)` -> `(A, B, DDP)`."""
+    @property
+    def negated(self) -> bool:
+        """`type(m) != DataParallel`: true, not false, for a DDP wrapper."""
+        return type(self.node) is cst.Comparison and type(self.node.comparisons[0].operator) in (
+            cst.NotEqual,
+            cst.IsNot,
+            cst.NotIn,
+        )
+
+    def edit(self, ddp: str) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+        """(node, replacement) that adds the DDP class `ddp` (as spelled in the module):
+        `isinstance(m, nn.DataParallel)`'s class becomes `(nn.DataParallel, DDP)`,
+        `type(m) == A` becomes `type(m) in (A, DDP)`, `type(m) is not A` becomes
+        `type(m) not in (A, DDP)`."""
         added = cst.Element(cst.parse_expression(ddp))
         if type(self.classes) is cst.Tuple:
             *first, last = self.classes.elements
             elements = [*first, last.with_changes(comma=_COMMA), added]
-            return self.classes.with_changes(elements=elements)
-        return cst.Tuple([cst.Element(self.classes, comma=_COMMA), added])
+            classes = self.classes.with_changes(elements=elements)
+        else:
+            classes = cst.Tuple([cst.Element(self.classes, comma=_COMMA), added])
+        if type(self.node) is not cst.Comparison:
+            return self.classes, classes
+        target = self.node.comparisons[0]
+        operator = _MEMBERSHIP[type(target.operator)]
+        typed = self.node.left if _type_of(self.node.left) is not None else target.comparator
+        changed = target.with_changes(operator=operator, comparator=classes)
+        return self.node, self.node.with_changes(left=typed, comparisons=[changed])
+
+    def widened(self, ddp: str) -> cst.BaseExpression:
+        """The whole test once it accepts `ddp` too."""
+        old, new = self.edit(ddp)
+        if old is self.node:
+            return new
+        second = self.node.args[1].with_changes(value=new)  # type: ignore[attr-defined]
+        return self.node.with_changes(args=[self.node.args[0], second])  # type: ignore[attr-defined]
+
+
+_SPACED = {
+    "whitespace_before": cst.SimpleWhitespace(" "),
+    "whitespace_after": cst.SimpleWhitespace(" "),
+}
+# What a comparison of `type(m)` becomes once it names two classes.
+_MEMBERSHIP = {
+    cst.Equal: cst.In(**_SPACED),
+    cst.Is: cst.In(**_SPACED),
+    cst.In: cst.In(**_SPACED),
+    cst.NotEqual: cst.NotIn(whitespace_between=cst.SimpleWhitespace(" "), **_SPACED),
+    cst.IsNot: cst.NotIn(whitespace_between=cst.SimpleWhitespace(" "), **_SPACED),
+    cst.NotIn: cst.NotIn(whitespace_between=cst.SimpleWhitespace(" "), **_SPACED),
+}
 
 
 def data_parallel_test(
-    call: cst.Call, qualify: Qualify, subclasses: Iterable[str] = ()
+    node: cst.BaseExpression, qualify: Qualify, subclasses: Iterable[str] = ()
 ) -> DataParallelTest | None:
-    """`call` as an `isinstance` test for DataParallel (or one of the project's subclasses
-    of it, by short name) that names no DDP class; else None."""
-    if dotted(call.func) != "isinstance" or len(call.args) != 2:
+    """`node` as a test for DataParallel (or one of the project's subclasses of it, by
+    short name) that names no DDP class: an `isinstance` call or a comparison of
+    `type(m)`; else None."""
+    parts = _isinstance_parts(node) if type(node) is cst.Call else _type_comparison_parts(node)
+    if parts is None:
         return None
-    if any(arg.keyword is not None or arg.star for arg in call.args):
-        return None
-    classes = call.args[1].value
+    tested, classes = parts
     if type(classes) is cst.Tuple:
         if any(type(element) is not cst.Element for element in classes.elements):
             return None  # `(*bases, DataParallel)`: what else it holds is not known
@@ -76,7 +121,43 @@ def data_parallel_test(
         for node, name in zip(named, qualified)
     ):
         return None
-    return DataParallelTest(call, call.args[0].value, classes)
+    return DataParallelTest(node, tested, classes)
+
+
+def _isinstance_parts(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(tested, classes) of `isinstance(tested, classes)`."""
+    if dotted(call.func) != "isinstance" or len(call.args) != 2:
+        return None
+    if any(arg.keyword is not None or arg.star for arg in call.args):
+        return None
+    return call.args[0].value, call.args[1].value
+
+
+def _type_comparison_parts(
+    node: cst.CSTNode,
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(tested, classes) of `type(tested) == classes` (`is`, `!=`, `is not`, `in`,
+    `not in`), or of `classes == type(tested)`."""
+    if type(node) is not cst.Comparison or len(node.comparisons) != 1:
+        return None
+    target = node.comparisons[0]
+    if type(target.operator) not in _MEMBERSHIP:
+        return None
+    tested = _type_of(node.left)
+    if tested is not None:
+        return tested, target.comparator
+    tested = _type_of(target.comparator)
+    if tested is not None and type(target.operator) not in (cst.In, cst.NotIn):
+        return tested, node.left
+    return None
+
+
+def _type_of(expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`m` of `type(m)`."""
+    if type(expr) is not cst.Call or dotted(expr.func) != "type" or len(expr.args) != 1:
+        return None
+    arg = expr.args[0]
+    return arg.value if arg.keyword is None and not arg.star else None
 
 
 # What the `if` a test decides does with the tested model (`decided_by`).
@@ -158,20 +239,30 @@ def covered_beside(
     found = []
 
     def enter(node: cst.CSTNode) -> None:
-        if type(node) is cst.Call and node is not test.call and _accepts_ddp(node, qualify):
+        if node is not test.node and _accepts_ddp(node, qualify):
             found.append(node)
 
     walk(chain, enter, lambda node: None)
     return bool(found)
 
 
-def _accepts_ddp(call: cst.Call, qualify: Qualify) -> bool:
-    name = dotted(call.func)
-    if name == "hasattr" and len(call.args) == 2:
-        value = call.args[1].value
-        return type(value) is cst.SimpleString and value.evaluated_value == "module"
-    if name != "isinstance" or len(call.args) != 2:
+def _accepts_ddp(node: cst.CSTNode, qualify: Qualify) -> bool:
+    """`isinstance(m, DDP)`, `type(m) == DDP` (or a tuple holding it), `hasattr(m, "module")`."""
+    if type(node) is cst.Comparison:
+        parts = _type_comparison_parts(node)
+        negated = type(node.comparisons[0].operator) in (cst.NotEqual, cst.IsNot, cst.NotIn)
+        return parts is not None and not negated and _names_ddp(parts[1], qualify)
+    if type(node) is not cst.Call:
         return False
-    classes = call.args[1].value
+    name = dotted(node.func)
+    if name == "hasattr" and len(node.args) == 2:
+        value = node.args[1].value
+        return type(value) is cst.SimpleString and value.evaluated_value == "module"
+    if name != "isinstance" or len(node.args) != 2:
+        return False
+    return _names_ddp(node.args[1].value, qualify)
+
+
+def _names_ddp(classes: cst.BaseExpression, qualify: Qualify) -> bool:
     named = [e.value for e in classes.elements] if type(classes) is cst.Tuple else [classes]
     return any(qualify(node) == DDP for node in named)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ddpify.analysis.model import ScriptModel, unwrap_call_chain
-from ddpify.analysis.names import ImportMap, dotted, find_arg
+from ddpify.analysis.names import ImportMap, dotted, find_arg, method_name
 from ddpify.walk import children, is_kind, walk
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -376,6 +376,100 @@ def records_gradients(ancestors: Sequence[cst.CSTNode], qualify) -> bool:
                     return False
     function = innermost(ancestors, cst.FunctionDef)
     return not (function is not None and EVAL_FUNCTION.search(function.name.value.lower()))
+
+
+# nn.Module methods that run no forward: calling them through `.module` bypasses nothing.
+NOT_A_FORWARD = frozenset(
+    {
+        "state_dict",
+        "load_state_dict",
+        "named_parameters",
+        "parameters",
+        "buffers",
+        "named_buffers",
+        "children",
+        "named_children",
+        "modules",
+        "named_modules",
+        "get_submodule",
+        "get_parameter",
+        "register_buffer",
+        "extra_repr",
+        "train",
+        "eval",
+        "zero_grad",
+        "to",
+        "cuda",
+        "cpu",
+        "half",
+        "float",
+        "requires_grad_",
+        "apply",
+    }
+)
+
+
+def runs_model_outside_forward(tree, call: cst.Call, wrapper: str) -> bool:
+    """Whether `call`, a method or submodule of the model that `wrapper` holds
+    (`model.encode(x)` before the conversion, `model.module.encode(x)` after), runs part of
+    the model in a training step that never calls the wrapper itself: a backward follows in
+    the same loop (or loop-free function) and no `wrapper(...)` runs there, so DDP's forward
+    never prepares the gradient all-reduce and the replicas drift apart (DDP033).
+
+    A step that also calls `wrapper(...)` has DDP's forward; a method of a class in this
+    file that calls no submodule (`init_hidden` making zeros) runs nothing DDP must see."""
+    func = call.func
+    if type(func) is not cst.Attribute or func.attr.value in NOT_A_FORWARD:
+        return False
+    if not _may_run_submodules(tree, func.attr.value):
+        return False
+    ancestors = tree.ancestors(call)
+    if not records_gradients(ancestors, tree.qualify):
+        return False
+    loop = innermost(ancestors, cst.For, cst.While)
+    function = tree.function(call)
+    step = loop if loop is not None else function
+    if step is not None and _calls_wrapper(tree, step, wrapper):
+        return False
+    for backward in tree.find(cst.Call, lambda c: method_name(c) == "backward"):
+        if tree.function(backward) is not function:
+            continue
+        same_loop = innermost(tree.ancestors(backward), cst.For, cst.While) is loop
+        if same_loop and (tree.after(backward, call) or loop is not None):
+            return True
+    return False
+
+
+def _calls_wrapper(tree, step: cst.CSTNode, wrapper: str) -> bool:
+    """`wrapper(x)` or `wrapper.forward(x)` inside `step`."""
+    for call in tree.within(step, cst.Call):
+        func = call.func
+        if type(func) is cst.Attribute and func.attr.value == "forward":
+            func = func.value
+        if dotted(func) == wrapper:
+            return True
+    return False
+
+
+def _may_run_submodules(tree, attr: str) -> bool:
+    """A method of a class in this file that calls no submodule (`init_hidden` making zeros)
+    runs nothing DDP must see; a submodule, or anything this file does not define, may."""
+    methods = [
+        f
+        for cls in tree.find(cst.ClassDef)
+        for f in cls.body.body
+        if isinstance(f, cst.FunctionDef) and f.name.value == attr
+    ]
+    if not methods:
+        return True
+    for method in methods:
+        cls = tree.parent[tree.parent[method]]
+        own = {f.name.value for f in cls.body.body if isinstance(f, cst.FunctionDef)}
+        for inner in tree.within(method, cst.Call):
+            name = dotted(inner.func) or ""
+            if name.startswith("self.") and name.split(".")[1] not in own - {"forward"}:
+                return True
+    return False
 
 
 def innermost(ancestors: Sequence[cst.CSTNode], *types: type) -> cst.CSTNode | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted, method_name
-from ddpify.analysis.training import is_optimizer_step
+from ddpify.analysis.training import gradient_penalties, is_optimizer_step
 from ddpify.analysis.tree import Tree, mentions, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
@@ -59,6 +59,18 @@ def run(tree: Tree, plan: Plan) -> Edits:
             "mixed precision not added: the script keeps its tensors on the CPU, where "
             'autocast("cuda") would change nothing',
             None,
+        )
+        return edits
+    penalties = gradient_penalties(tree.view)
+    if penalties:
+        plan.needs_human(
+            "mixed precision not added: the step differentiates gradients again "
+            f"(`{tree.view.code(penalties[0].func)}(..., create_graph=True)`, a gradient "
+            "penalty), and a "
+            "GradScaler scales only the loss it is given, so under fp16 autocast the "
+            "penalty's gradients would be taken unscaled and underflow; add AMP by hand with "
+            "the scaled gradient-penalty recipe of the torch.amp examples if it is wanted",
+            tree.code(tree.statement(penalties[0])) if tree.owns(penalties[0]) else None,
         )
         return edits
     steps = [step for step in (_training_step(tree, call) for call in backward_calls(tree)) if step]

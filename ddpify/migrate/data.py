@@ -28,6 +28,7 @@ from ddpify.analysis.roles import (
     training_loop_sources,
     training_loops,
 )
+from ddpify.analysis.seeding import ALIKE, CONDITIONAL, torch_seeding
 from ddpify.analysis.streams import training_stream
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
@@ -437,6 +438,7 @@ def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
             first,
         )
     if batches or streams:
+        _note_unseeded_draws(tree, plan, first)
         plan.hand_made = (
             "hand-made batches are split across ranks (each rank one contiguous block of rows of "
             "each batch): the global batch and the learning rate are the original's; the step "
@@ -447,6 +449,27 @@ def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
             "rank an empty block"
         )
     return bool(batches or streams)
+
+
+def _note_unseeded_draws(tree: Tree, plan: Plan, split: str) -> None:
+    """Each rank takes its block of the batch it draws itself: the blocks make up the
+    original's batch only when every rank draws the same one, from torch seeded alike."""
+    seeding = torch_seeding(tree.view)
+    if seeding.kind == ALIKE:
+        return
+    why = (
+        f"torch is seeded only when `{seeding.condition}` holds"
+        if seeding.kind == CONDITIONAL
+        else "the script does not seed torch"
+    )
+    plan.needs_human(
+        f"each rank keeps its block of the batch it draws, which is the original's batch only "
+        f"when every rank draws the same one, and {why}: without a seed each rank draws its "
+        "own batch, so the step trains on blocks of different random batches (the same "
+        "number of rows, not the original's batch); seed torch alike on every rank before "
+        "the batches are drawn (`torch.manual_seed(0)`) to keep the step exact",
+        split,
+    )
 
 
 # -- batch size and learning rate -------------------------------------------------------

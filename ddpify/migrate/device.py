@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.devices import DEVICE_TYPE_CALLS, searched_text
+from ddpify.analysis.devices import DEVICE_TYPE_CALLS, option_spelling, searched_text
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.reachability import never_run
@@ -126,7 +126,7 @@ def _names_a_device(tree: Tree, string: cst.SimpleString) -> bool:
     parent = tree.parent.get(string)
     if isinstance(parent, (cst.ComparisonTarget, cst.Comparison, cst.DictElement)):
         return False
-    if searched_text(string, tree.parent):
+    if searched_text(string, tree.parent) or option_spelling(string, tree.parent):
         return False
     if isinstance(parent, cst.Arg):
         if parent.keyword is not None and parent.keyword.value == "device_type":

@@ -18,6 +18,7 @@ import libcst as cst
 from ddpify.analysis.batches import batch_assignments
 from ddpify.analysis.names import dotted
 from ddpify.analysis.roles import model_names, stream_batch, train_loaders
+from ddpify.analysis.seeding import ALIKE, CONDITIONAL, torch_seeding
 from ddpify.analysis.unsplittable import (
     CARRIED_STATE,
     FULL_BATCH,
@@ -34,7 +35,6 @@ NOTE = (
     "# ddpify: replicated step ({kind}): every rank computes this whole step, "
     "as one process would; no speed-up (see the report)"
 )
-TORCH_SEEDS = ("torch.manual_seed", "torch.random.manual_seed")
 POLICY = (
     "replicated: every rank computes the whole training step ({kinds}); DDP averages N "
     "equal gradients, so each step is the original's, the global batch and the learning "
@@ -97,10 +97,17 @@ def _note_set_orders(tree, plan) -> None:
 
 
 def _seeding(tree) -> str:
-    seeds = tree.view.calls_to(*TORCH_SEEDS)
-    if seeds:
-        call = tree.view.code(seeds[0])
+    seeding = torch_seeding(tree.view)
+    if seeding.kind == ALIKE:
+        call = tree.view.code(seeding.call)
         return f"exact because `{call}` seeds torch alike on every rank (same dropout draws)"
+    if seeding.kind == CONDITIONAL:
+        return (
+            f"the script seeds torch only when `{seeding.condition}` holds: otherwise, should "
+            "the step draw random numbers (dropout), each rank would draw its own and the "
+            "average would not be the original's step; seed torch alike on every rank to keep "
+            "it exact"
+        )
     return (
         "the script does not seed torch: should the step draw random numbers (dropout), each "
         "rank would draw its own and the average would not be the original's step; seed "

@@ -16,6 +16,7 @@ from ddpify.analysis.bundles import (
     data_parallel_feeding_bundles,
     trained_helper_bundles,
 )
+from ddpify.analysis.devices import moved_by_option
 from ddpify.analysis.lazy_modules import lazy_wrap_points
 from ddpify.analysis.module_globals import functions_run_after, reads_module_binding
 from ddpify.analysis.named_wraps import data_parallel_by_name, trained_by_name
@@ -38,7 +39,7 @@ from ddpify.analysis.roles import (
 from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, binds_on_every_branch, mentions
 from ddpify.analysis.values import only_value_in_function
-from ddpify.analysis.wrappers import innermost, records_gradients
+from ddpify.analysis.wrappers import runs_model_outside_forward
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -102,20 +103,6 @@ MODULE_API = {
     "half",
     "float",
     "type",
-}
-# nn.Module methods that run no forward: calling them through `.module` bypasses nothing.
-NOT_A_FORWARD = {
-    "state_dict",
-    "load_state_dict",
-    "named_parameters",
-    "parameters",
-    "buffers",
-    "children",
-    "modules",
-    "get_submodule",
-    "get_parameter",
-    "register_buffer",
-    "extra_repr",
 }
 SYNC_BN = """\
 if torch.cuda.is_available():  # SyncBatchNorm needs CUDA
@@ -282,10 +269,20 @@ def _ddp_call(
     tree: Tree, plan: Plan, inner: str, extra: str = "", device_ids: str | None = None
 ) -> str:
     """`DDP(inner, device_ids=...)`; a script that keeps its model on the CPU gets no
-    device_ids, which DDP rejects for a CPU module (even on a GPU machine). `device_ids`
+    device_ids, which DDP rejects for a CPU module (even on a GPU machine), nor does a model
+    whose device an option picks (it may be the CPU): DDP then takes the module's own device
+    (`.to("cuda")` is this process's GPU: init_distributed() set it). `device_ids`
     overrides the default test when the model is on a GPU only under a condition."""
     plan.needs.add("ddp")
     if not runs_on_cuda(tree):
+        return f"{plan.ddp}({inner}{extra})"
+    if moved_by_option(tree, inner):
+        plan.change(
+            NAME,
+            f"{inner}: DDP without device_ids, as an option picks its device (perhaps the CPU)",
+            f"{plan.ddp}({inner}",
+            "DDP011",
+        )
         return f"{plan.ddp}({inner}{extra})"
     return f"{plan.ddp}({inner}, device_ids={device_ids or snippets.DEVICE_IDS}{extra})"
 
@@ -1325,7 +1322,8 @@ def _through_module(
                 _note_wrapped_on_some_paths(tree, plan, name, statement, attr)
                 continue
             code = _read_through_module(tree, plan, edits, attr, name)
-            if _bypasses_forward_in_step(tree, attr):
+            call = tree.parent.get(attr)
+            if isinstance(call, cst.Call) and runs_model_outside_forward(tree, call, name):
                 plan.needs_human(
                     f"`{name}.module.{attr.attr.value}(...)` runs part of the model outside "
                     "DDP's forward in a training step, so the gradients it produces are never "
@@ -1471,51 +1469,6 @@ def _wrapper_names(tree: Tree, plan: Plan) -> set[str]:
             names.add(target and (trained_owner_of_part(tree, target) or target))
     names.discard(None)
     return names  # type: ignore[return-value]
-
-
-def _bypasses_forward_in_step(tree: Tree, attr: cst.Attribute) -> bool:
-    """`model.encoder(x)` called where a backward follows in the same loop: once the model is
-    wrapped it must become `model.module.encoder(x)`, which DDP's hooks never see."""
-    if attr.attr.value in NOT_A_FORWARD:
-        return False
-    call = tree.parent.get(attr)
-    if not isinstance(call, cst.Call) or call.func is not attr:
-        return False
-    if not _may_run_submodules(tree, attr.attr.value):
-        return False
-    ancestors = tree.ancestors(call)
-    if not records_gradients(ancestors, tree.qualify):
-        return False
-    loop = innermost(ancestors, cst.For, cst.While)
-    function = tree.function(call)
-    for backward in tree.find(cst.Call, lambda c: method_name(c) == "backward"):
-        if tree.function(backward) is not function:
-            continue
-        same_loop = innermost(tree.ancestors(backward), cst.For, cst.While) is loop
-        if same_loop and (tree.after(backward, call) or loop is not None):
-            return True
-    return False
-
-
-def _may_run_submodules(tree: Tree, attr: str) -> bool:
-    """A method of a class in this file that calls no submodule (`init_hidden` making zeros)
-    runs nothing DDP must see; a submodule, or anything this file does not define, may."""
-    methods = [
-        f
-        for cls in tree.find(cst.ClassDef)
-        for f in cls.body.body
-        if isinstance(f, cst.FunctionDef) and f.name.value == attr
-    ]
-    if not methods:
-        return True
-    for method in methods:
-        cls = tree.parent[tree.parent[method]]
-        own = {f.name.value for f in cls.body.body if isinstance(f, cst.FunctionDef)}  # type: ignore[attr-defined]
-        for call in tree.within(method, cst.Call):
-            name = dotted(call.func) or ""
-            if name.startswith("self.") and name.split(".")[1] not in own - {"forward"}:
-                return True
-    return False
 
 
 def _uses_after(tree: Tree, name: str, statement: cst.CSTNode) -> list[cst.Attribute]:

@@ -7,7 +7,14 @@ import libcst as cst
 
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.names import dotted, method_name
-from ddpify.analysis.wrappers import Place, Wrap, innermost, may_follow
+from ddpify.analysis.roles import wrapper_receivers
+from ddpify.analysis.wrappers import (
+    Place,
+    Wrap,
+    innermost,
+    may_follow,
+    runs_model_outside_forward,
+)
 from ddpify.diagnostics import FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.wrapping._common import WrapperRule
@@ -32,6 +39,17 @@ def _is_module_forward(func: cst.BaseExpression) -> bool:
     return (
         type(func) is cst.Attribute
         and func.attr.value == "forward"
+        and type(func.value) is cst.Attribute
+        and func.value.attr.value == "module"
+        and dotted(func.value.value) is not None
+    )
+
+
+def _is_module_method(func: cst.BaseExpression) -> bool:
+    """`x.module.encode`: a method or submodule of the wrapped model, not `forward`."""
+    return (
+        type(func) is cst.Attribute
+        and func.attr.value != "forward"
         and type(func.value) is cst.Attribute
         and func.value.attr.value == "module"
         and dotted(func.value.value) is not None
@@ -70,6 +88,8 @@ class BypassWrapperForward(WrapperRule):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.forwards: list[_Forward] = []
+        self.methods: list[_Forward] = []
+        self.receivers: dict[str, set[str]] | None = None  # asked once, if ever
         self.backwards: list[Place] = []
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -79,6 +99,9 @@ class BypassWrapperForward(WrapperRule):
         elif type(func) is cst.Attribute and func.attr.value == "module":
             if dotted(func.value) is not None:
                 self.forwards.append(_Forward(node, self.place(), func.value))
+        elif _is_module_method(func):
+            # `ddp.module.encode(x)`: reported only where the step never calls `ddp(...)`.
+            self.methods.append(_Forward(node, self.place(), func.value.value))
         elif _is_module_forward(func):
             # `ddp.module.forward(x)`. Not `ddp.forward(x)`: DDP's own `forward` prepares
             # the all-reduce (only `__call__`'s hooks are skipped), so it trains correctly.
@@ -95,6 +118,38 @@ class BypassWrapperForward(WrapperRule):
             if wrap is None or not self._in_training_step(forward):
                 continue
             self._report(forward, wrap)
+        for method in self.methods:
+            self._report_method(method)
+
+    def _report_method(self, method: _Forward) -> None:
+        """`model.module.encode(x)` in a step that trains without ever calling `model(...)`."""
+        wrapper = dotted(method.receiver)  # type: ignore[arg-type]
+        if wrapper is None or not self._holds_wrapper(method, wrapper):
+            return
+        if rank_zero_scope(method.place.ancestors) is not None:
+            return
+        if not runs_model_outside_forward(self.context.tree, method.call, wrapper):
+            return
+        self.report(
+            method.call,
+            f"`{self.shown(method.call.func)}(...)` runs part of the model outside DDP's "
+            f"forward in a training step that never calls `{wrapper}(...)`, so the backward "
+            "does not average the gradients across ranks and the replicas drift apart; "
+            f"route it through `{wrapper}(...)` (a forward that takes a mode argument)",
+        )
+
+    def _holds_wrapper(self, method: _Forward, wrapper: str) -> bool:
+        """`wrapper` holds a DDP wrapper where `method` runs: bound to one in its scope, or a
+        parameter of a function some call of this file hands one."""
+        if self.wrappers.wrap_held(method.receiver, method.place) is not None:
+            return True
+        tree = self.context.tree
+        function = tree.function(method.call)
+        if function is None:
+            return False
+        if self.receivers is None:
+            self.receivers = wrapper_receivers(tree, self.wrappers.wrapped_names())
+        return wrapper in self.receivers.get(function.name.value, ())
 
     def _bypassed_wrap(self, forward: _Forward) -> Wrap | None:
         if forward.receiver is not None:

@@ -16,7 +16,8 @@ from ddpify.rules.wrapping._common import WrapperRule
 
 
 class DataParallelOnlyTest(WrapperRule):
-    """`isinstance(model, nn.DataParallel)` in a file that wraps in DDP: false for the
+    """`isinstance(model, nn.DataParallel)` (`type(model) == nn.DataParallel`) in a file
+    that wraps in DDP: false for the
     DDP wrapper, so the `.module` unwrap it guards is skipped (analysis/wrapper_tests.py)."""
 
     CODE = "DDP036"
@@ -35,9 +36,16 @@ class DataParallelOnlyTest(WrapperRule):
     def visit_Call(self, node: cst.Call) -> None:
         if self.wrappers.callee is not None:
             return  # `isinstance` is a builtin: nothing imported qualifies to it
+        self._note(node)
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        self._note(node)  # `type(model) == nn.DataParallel`
+
+    def _note(self, node: cst.BaseExpression) -> None:
         test = data_parallel_test(node, self.context.qualify)
-        ancestors = self.context.ancestors[:-1]
-        if test is not None and skips_unwrap_under_ddp(test, ancestors, self.context.qualify):
+        if test is None:
+            return
+        if skips_unwrap_under_ddp(test, self.context.ancestors[:-1], self.context.qualify):
             self.tests.append(test)
 
     def leave_Module(self, node: cst.Module) -> None:
@@ -50,11 +58,12 @@ class DataParallelOnlyTest(WrapperRule):
         for test in self.tests:
             if makes_data_parallel and dotted(test.tested) not in wrapped:
                 continue
-            self.report(test.call, self._message(test), fix=self._fix(test))
+            self.report(test.node, self._message(test), fix=self._fix(test))
 
     def _message(self, test: DataParallelTest) -> str:
         return (
-            f"`{self.shown(test.call)}` is false for a DDP wrapper, so the `.module` unwrap "
+            f"`{self.shown(test.node)}` is {'true' if test.negated else 'false'} for a DDP "
+            "wrapper, so the `.module` unwrap "
             "it guards is skipped under DDP: a saved state_dict gains the `module.` prefix "
             "and the model's own methods raise AttributeError; accept "
             "DistributedDataParallel too"
@@ -66,6 +75,6 @@ class DataParallelOnlyTest(WrapperRule):
             return None
         return NodeFix(
             f"Also accept `{ddp}`",
-            ((test.classes, test.widened(ddp)),),
+            (test.edit(ddp),),
             Applicability.SAFE,
         )
