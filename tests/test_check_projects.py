@@ -887,3 +887,43 @@ def test_a_save_under_a_flag_set_to_a_rank_zero_test_is_quiet(tmp_path):
 def test_a_save_under_a_flag_that_every_rank_sets_is_reported(tmp_path):
     findings = _flag_findings(tmp_path, 'args.out != ""')
     assert [f.split(" ")[0] for f in findings] == ["11", "13"]
+
+
+WRAPPING = """\
+from torch.nn.parallel import DistributedDataParallel
+
+
+def wrap(model, local_rank, enabled=True):
+    if not enabled:
+        return model
+    wrapped = DistributedDataParallel(model, device_ids=[local_rank])
+    return wrapped
+
+
+def place(model, local_rank):
+    return model.cuda(local_rank)
+"""
+
+RANK_ZERO_FORWARD = """\
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from wrapping import {helper}
+
+dist.init_process_group("nccl")
+net = {helper}(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).cuda(), 0)
+if dist.get_rank() == 0:
+    net(torch.randn(8, 4, device="cuda"))
+"""
+
+
+@pytest.mark.parametrize(("helper", "expected"), [("wrap", 1), ("place", 0)])
+def test_a_wrapper_returned_by_a_helper_of_another_module(tmp_path, helper, expected):
+    # `net = wrap(net, rank)` holds the DDP wrapper when the local module's helper returns
+    # one, so rank 0's lone forward is a collective; a helper that only moves it is not.
+    (tmp_path / "wrapping.py").write_text(WRAPPING)
+    train = tmp_path / "train.py"
+    train.write_text(RANK_ZERO_FORWARD.format(helper=helper))
+    report = check_paths([str(train)], select_rules(["DDP053"]))
+    assert [d.location.row for d in report.diagnostics] == [10] * expected

@@ -183,6 +183,13 @@ class ScriptModel:
         return isinstance(call.func, cst.Name) and callee in self.returned_calls(call.func.value)
 
 
+def returned_callees(function: cst.FunctionDef, imports: ImportMap) -> frozenset[str]:
+    """The qualified calls `function` returns (`return DDP(m)`, or a local bound to such a
+    call and returned), qualified through `imports`, the imports of the module that
+    defines it: what a helper of a local module hands back."""
+    return frozenset(_returned_callees(function, imports))
+
+
 def _returned_callees(function: cst.FunctionDef, imports: ImportMap) -> set[str]:
     """The qualified calls `function` returns, directly or through a local name."""
     from ddpify.walk import walk  # the analysis package stays importable on its own
