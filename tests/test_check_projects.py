@@ -927,3 +927,58 @@ def test_a_wrapper_returned_by_a_helper_of_another_module(tmp_path, helper, expe
     train.write_text(RANK_ZERO_FORWARD.format(helper=helper))
     report = check_paths([str(train)], select_rules(["DDP053"]))
     assert [d.location.row for d in report.diagnostics] == [10] * expected
+
+
+SETUP = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed():
+    if int(os.environ.get("RANK", -1)) == -1:
+        return 0
+    dist.init_process_group(backend="nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    return local_rank
+
+
+def finish():
+    if dist.is_initialized():
+        dist.destroy_process_group()
+"""
+
+ENTRY = """\
+import torch
+
+from setup_utils import {imported}
+
+
+def main():
+    local_rank = init_distributed()
+    model = torch.nn.Linear(4, 4).cuda(local_rank)
+    print(model(torch.randn(2, 4, device="cuda")).sum().item())
+{ending}
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("imported", "ending", "expected"),
+    [
+        ("init_distributed", "", [7]),  # the helper initialises; nothing destroys
+        ("init_distributed, finish", "    finish()\n", []),  # a helper of the module destroys
+    ],
+)
+def test_a_process_group_initialised_by_a_helper_of_another_module(
+    tmp_path, imported, ending, expected
+):
+    (tmp_path / "setup_utils.py").write_text(SETUP)
+    train = tmp_path / "train.py"
+    train.write_text(ENTRY.format(imported=imported, ending=ending))
+    report = check_paths([str(train)], select_rules(["DDP002"]))
+    assert [d.location.row for d in report.diagnostics] == expected
