@@ -1,7 +1,7 @@
 """Recall and fix recognition of `ddpify check` on real DDP bug-fix commits.
 
     python benchmarks/bench_realbugs.py [--single-file] [--mirrors DIR] [--out DIR]
-                                        [--trees DIR] [--json FILE] [--rows TSV]
+                                        [--trees DIR] [--json FILE] [--rows TSV] [--round N]
 
 Each row of benchmarks/realbugs.tsv names one file in a public repository, the commit
 before a fix (its parent) and the fix commit, and the catalogue code of the pitfall the
@@ -30,6 +30,11 @@ Scores (a measurement: it always exits 0):
   a second DDP010 it fixed in a later commit) — and a fix that only moves the finding
   to the rewritten line does not count. The line-independent view is reported beside it:
   "fewer" (fewer findings with the code on "after") and "clean after" (none at all).
+
+The table is collected in rounds: a `# round: N` line starts the rows of round N (the
+rows above the first such line are round 1, collected while the rules were written).
+Recall and fix recognition are printed per round beside the totals, and `--round N`
+scores one round alone (`--round 1` reproduces the first table's totals).
 
 Rows whose mirror is missing are listed and skipped; with no mirror at all it says so
 and exits 0. Nothing fetched is ever written inside the project.
@@ -66,6 +71,7 @@ class Row:
     code: str
     description: str
     link: str
+    round: int = 1
     found_before: int = 0
     found_after: int = 0
     gone: int = 0  # findings on "before" with no counterpart on "after"
@@ -90,13 +96,27 @@ class Row:
         return self.detected and self.found_after == 0
 
 
+ROUND_MARK = "# round:"
+
+
 def read_rows(path: Path) -> list[Row]:
-    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
-    reader = csv.DictReader(lines, delimiter="\t")
-    return [
-        Row(index=i, **{k: (v or "").strip() for k, v in rec.items()})
-        for i, rec in enumerate(reader, 1)
-    ]
+    """The rows of the table; a `# round: N` line starts the rows collected in round N
+    (rows before any such line are round 1)."""
+    header, records, current = None, [], 1
+    for line in path.read_text().splitlines():
+        if line.startswith(ROUND_MARK):
+            current = int(line[len(ROUND_MARK) :].split()[0])
+        if not line or line.startswith("#"):
+            continue
+        if header is None:
+            header = line
+            continue
+        records.append((current, line))
+    rows = []
+    for i, (round_, line) in enumerate(records, 1):
+        rec = next(csv.DictReader([header, line], delimiter="\t"))
+        rows.append(Row(index=i, round=round_, **{k: (v or "").strip() for k, v in rec.items()}))
+    return rows
 
 
 def git_dir(mirrors: Path, repo: str) -> Path:
@@ -228,6 +248,20 @@ def pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:5.1f}%" if whole else "   n/a"
 
 
+def round_scores(rows: list[Row]) -> dict[int, dict[str, int]]:
+    """Recall and fix recognition of each collection round (the later rounds were
+    collected after the rules, so they measure what the early rows cannot)."""
+    scores = {}
+    for number in sorted({r.round for r in rows}):
+        mine = [r for r in rows if r.round == number]
+        scores[number] = {
+            "rows": len(mine),
+            "detected": sum(r.detected for r in mine),
+            "recognised": sum(r.recognised for r in mine),
+        }
+    return scores
+
+
 def report(rows: list[Row], skipped: list[Row]) -> dict:
     detected = [r for r in rows if r.detected]
     recognised = [r for r in detected if r.recognised]
@@ -240,6 +274,15 @@ def report(rows: list[Row], skipped: list[Row]) -> dict:
     print(f"fix recognition:  {len(recognised)}/{len(detected)} {rate}")
     print(f"fewer after:      {len(fewer)}/{len(detected)} {pct(len(fewer), len(detected))}")
     print(f"clean after:      {len(clean)}/{len(detected)} {pct(len(clean), len(detected))}\n")
+    per_round = round_scores(rows)
+    if len(per_round) > 1:
+        for number, score_ in per_round.items():
+            found, total, rec = score_["detected"], score_["rows"], score_["recognised"]
+            print(
+                f"round {number}: recall {found}/{total} {pct(found, total)}"
+                f"  fix recognition {rec}/{found} {pct(rec, found)}"
+            )
+        print()
     print("code    rows  found  recognised")
     table = {}
     for code in codes:
@@ -269,12 +312,14 @@ def report(rows: list[Row], skipped: list[Row]) -> dict:
         "fewer_after": len(fewer),
         "clean_after": len(clean),
         "per_code": table,
+        "per_round": per_round,
         "per_row": [
             {
                 "index": r.index,
                 "repo": r.repo,
                 "file": r.file,
                 "code": r.code,
+                "round": r.round,
                 "before": r.found_before,
                 "after": r.found_after,
                 "detected": r.detected,
@@ -304,9 +349,14 @@ def main() -> None:
         "--trees", type=Path, default=TREES, help=f"cache of extracted trees ({TREES})"
     )
     parser.add_argument("--json", type=Path, help="also write the scores as JSON here")
+    parser.add_argument(
+        "--round", type=int, help="score only the rows of this collection round (`# round: N`)"
+    )
     args = parser.parse_args()
 
     rows = read_rows(args.rows)
+    if args.round is not None:
+        rows = [r for r in rows if r.round == args.round]
     present = [r for r in rows if git_dir(args.mirrors, r.repo).is_dir()]
     missing = [r for r in rows if r not in present]
     if not present:

@@ -15,7 +15,7 @@ from pathlib import Path
 import libcst as cst
 
 from ddpify.analysis.guards import Scope, judging_calls_with, rank_zero_scope, returns_rank_zero
-from ddpify.analysis.model import ScriptModel
+from ddpify.analysis.model import ScriptModel, returned_callees
 from ddpify.analysis.names import ImportMap
 from ddpify.analysis.project import LocalClass, LocalFunction, LocalFunctions
 from ddpify.analysis.tree import Tree
@@ -54,6 +54,8 @@ class Context:
         self.functions: list[cst.FunctionDef] = []
         # Functions this file imports from local modules (read only when a rule asks).
         self.local = LocalFunctions(filename)
+        # What the local modules' helpers return, by helper (`returned_callees`).
+        self._returned_by_local: dict[int, frozenset[str]] = {}
         self._judged: dict[int, Scope | None] = {}
         self._functions: dict[str, cst.FunctionDef] | None = None
         self._tree: Tree | None = None
@@ -75,8 +77,20 @@ class Context:
         return self._tree
 
     def _returns_ddp(self, call: cst.Call) -> bool:
-        """`call` is `DistributedDataParallel(...)` or a helper of this file returning one."""
-        return self.model.call_returns(call, DDP)
+        """`call` is `DistributedDataParallel(...)` or a helper returning one: of this file,
+        or imported from a local module (`model = ddp_wrap(model, ctx)`)."""
+        if self.model.call_returns(call, DDP):
+            return True
+        helper = self.local_callee(call.func) if self.imports.qualify_local(call.func) else None
+        return type(helper) is LocalFunction and DDP in self._local_returns(helper)
+
+    def _local_returns(self, helper: LocalFunction) -> frozenset[str]:
+        found = self._returned_by_local.get(id(helper.node))
+        if found is None:
+            found = self._returned_by_local[id(helper.node)] = returned_callees(
+                helper.node, helper.imports
+            )
+        return found
 
     def local_function(self, qualified: str) -> LocalFunction | None:
         """The definition of an imported helper (`utils.save_checkpoint`) in a local module

@@ -887,3 +887,98 @@ def test_a_save_under_a_flag_set_to_a_rank_zero_test_is_quiet(tmp_path):
 def test_a_save_under_a_flag_that_every_rank_sets_is_reported(tmp_path):
     findings = _flag_findings(tmp_path, 'args.out != ""')
     assert [f.split(" ")[0] for f in findings] == ["11", "13"]
+
+
+WRAPPING = """\
+from torch.nn.parallel import DistributedDataParallel
+
+
+def wrap(model, local_rank, enabled=True):
+    if not enabled:
+        return model
+    wrapped = DistributedDataParallel(model, device_ids=[local_rank])
+    return wrapped
+
+
+def place(model, local_rank):
+    return model.cuda(local_rank)
+"""
+
+RANK_ZERO_FORWARD = """\
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from wrapping import {helper}
+
+dist.init_process_group("nccl")
+net = {helper}(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).cuda(), 0)
+if dist.get_rank() == 0:
+    net(torch.randn(8, 4, device="cuda"))
+"""
+
+
+@pytest.mark.parametrize(("helper", "expected"), [("wrap", 1), ("place", 0)])
+def test_a_wrapper_returned_by_a_helper_of_another_module(tmp_path, helper, expected):
+    # `net = wrap(net, rank)` holds the DDP wrapper when the local module's helper returns
+    # one, so rank 0's lone forward is a collective; a helper that only moves it is not.
+    (tmp_path / "wrapping.py").write_text(WRAPPING)
+    train = tmp_path / "train.py"
+    train.write_text(RANK_ZERO_FORWARD.format(helper=helper))
+    report = check_paths([str(train)], select_rules(["DDP053"]))
+    assert [d.location.row for d in report.diagnostics] == [10] * expected
+
+
+SETUP = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed():
+    if int(os.environ.get("RANK", -1)) == -1:
+        return 0
+    dist.init_process_group(backend="nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    return local_rank
+
+
+def finish():
+    if dist.is_initialized():
+        dist.destroy_process_group()
+"""
+
+ENTRY = """\
+import torch
+
+from setup_utils import {imported}
+
+
+def main():
+    local_rank = init_distributed()
+    model = torch.nn.Linear(4, 4).cuda(local_rank)
+    print(model(torch.randn(2, 4, device="cuda")).sum().item())
+{ending}
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("imported", "ending", "expected"),
+    [
+        ("init_distributed", "", [7]),  # the helper initialises; nothing destroys
+        ("init_distributed, finish", "    finish()\n", []),  # a helper of the module destroys
+    ],
+)
+def test_a_process_group_initialised_by_a_helper_of_another_module(
+    tmp_path, imported, ending, expected
+):
+    (tmp_path / "setup_utils.py").write_text(SETUP)
+    train = tmp_path / "train.py"
+    train.write_text(ENTRY.format(imported=imported, ending=ending))
+    report = check_paths([str(train)], select_rules(["DDP002"]))
+    assert [d.location.row for d in report.diagnostics] == expected

@@ -95,3 +95,57 @@ def functions_run_after(tree: Tree, statement: cst.CSTNode) -> set[str]:
                 del unplaced[name]
                 changed = True
     return after
+
+
+# How many helpers deep a parameter is followed (`evaluate(net)` -> `_losses(net, batch)`).
+MAX_HAND_ON = 3
+
+
+def parameter_for(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> str | None:
+    """The parameter of `function` that `arg` of `call` binds: by keyword, else by
+    position among the positional parameters (None past them, or for a `*x` / `**x`
+    argument, whose parameter cannot be told)."""
+    if arg.star:
+        return None
+    params = function.params
+    if arg.keyword is not None:
+        named = [*params.posonly_params, *params.params, *params.kwonly_params]
+        found = arg.keyword.value
+        return found if any(p.name.value == found for p in named) else None
+    positional = [a for a in call.args if a.keyword is None]
+    index = next(i for i, a in enumerate(positional) if a is arg)
+    if any(a.star for a in positional[:index]):
+        return None
+    slots = [*params.posonly_params, *params.params]
+    return slots[index].name.value if index < len(slots) else None
+
+
+def runs_parameter(tree: Tree, function: cst.FunctionDef, name: str, depth: int = 0) -> bool:
+    """Whether `function` calls what its caller passed as `name` (`name(x)`,
+    `name.forward(x)`), itself or through a top-level function of the module it hands
+    `name` on to. A function that rebinds `name` (`net = net.module`) runs something
+    else, and `name.module(x)` is not a call of `name`."""
+    if depth > MAX_HAND_ON or name in assigned_names(function.body):
+        return False
+    functions = module_functions(tree)
+    for node in own_nodes(function.body):
+        if type(node) is not cst.Call:
+            continue
+        if _calls_name(node.func, name):
+            return True
+        helper = functions.get(node.func.value) if type(node.func) is cst.Name else None
+        if helper is None or helper is function:
+            continue
+        for arg in node.args:
+            if type(arg.value) is not cst.Name or arg.value.value != name:
+                continue
+            param = parameter_for(helper, node, arg)
+            if param is not None and runs_parameter(tree, helper, param, depth + 1):
+                return True
+    return False
+
+
+def _calls_name(func: cst.BaseExpression, name: str) -> bool:
+    if type(func) is cst.Attribute and func.attr.value == "forward":
+        func = func.value
+    return type(func) is cst.Name and func.value == name

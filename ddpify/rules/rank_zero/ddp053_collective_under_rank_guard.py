@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ddpify.analysis.model import unwrap_call_chain
+from ddpify.analysis.module_globals import module_functions, parameter_for, runs_parameter
 from ddpify.analysis.training import COLLECTIVES
 from ddpify.analysis.wrappers import Place
 from ddpify.diagnostics import Severity
@@ -58,12 +59,17 @@ class CollectiveUnderRankGuard(RankZeroRule):
         for collective in self.collectives:
             if (_function_of(collective), collective.name) in matched:
                 continue
-            wrapper = self._wrapper(collective) if collective.name is None else True
-            if not wrapper:
-                continue
+            handed_to = None
+            if collective.name is None and not self._wrapper(collective):
+                handed_to = self._hands_wrapper_to_forward(collective)
+                if handed_to is None:
+                    continue
             resolution = self.facts.resolve(collective.ancestors, launcher_counts=False)
             if resolution.known and resolution.scope is not None:
-                self._report(collective, resolution.helper)
+                if handed_to is not None:
+                    self._report_handed(collective, handed_to, resolution.helper)
+                else:
+                    self._report(collective, resolution.helper)
 
     def _wrapper(self, collective: _Collective) -> bool:
         """A forward of the DDP wrapper (`ddp_model(x)`, `ddp_model.forward(x)`) that
@@ -76,6 +82,39 @@ class CollectiveUnderRankGuard(RankZeroRule):
         if binding is None:
             return False
         return not _buffers_not_broadcast(unwrap_call_chain(binding.value))
+
+    def _hands_wrapper_to_forward(self, collective: _Collective) -> cst.BaseExpression | None:
+        """`evaluate(ddp_model)`, where `evaluate` is a function of this file that runs
+        the forward of what it gets (itself or through the helpers it hands it to): the
+        argument that holds the wrapper, else None."""
+        func = collective.call.func
+        function = (
+            module_functions(self.context.tree).get(func.value) if type(func) is cst.Name else None
+        )
+        if function is None:
+            return None
+        place = Place(collective.ancestors, collective.seq)
+        for arg in collective.call.args:
+            binding = self.context.wrappers.wrapper_binding(arg.value, place)
+            if binding is None or _buffers_not_broadcast(unwrap_call_chain(binding.value)):
+                continue
+            param = parameter_for(function, collective.call, arg)
+            if param is not None and runs_parameter(self.context.tree, function, param):
+                return arg.value
+        return None
+
+    def _report_handed(
+        self, collective: _Collective, wrapper: cst.BaseExpression, helper: str | None
+    ) -> None:
+        shown, held = self.context.code(collective.call.func), self.context.code(wrapper)
+        where = f" in `{helper}()`" if helper else ""
+        why = " (every call of it is under a rank-0 guard)" if helper else ""
+        message = (
+            f"`{shown}(...)`{where} hands the DDP wrapper `{held}` to `{shown}()`, which runs "
+            f"its forward, on rank 0 only{why}; that hangs once the model has buffers to "
+            f"broadcast (BatchNorm); pass `{held}.module` instead"
+        )
+        self.report(collective.call, message, severity=Severity.WARNING)
 
     def _report(self, collective: _Collective, helper: str | None) -> None:
         shown = self.context.code(collective.call.func)
