@@ -636,6 +636,15 @@ def calls_forward(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
     return _first_call_into(tree, node, forward_functions(tree))
 
 
+def runs_model(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
+    """The first call in `node` that runs a model's forward: the model called (`net(x)`),
+    or a function that may call it. Under DDP that forward is a collective (the buffers
+    are broadcast), so every rank must run it."""
+    models = model_names(tree)
+    direct = (c for c in tree.within(node, cst.Call) if dotted(c.func) in models)
+    return next(direct, None) or calls_forward(tree, node)
+
+
 def _first_call_into(tree: Tree, node: cst.CSTNode, names: frozenset[str]) -> cst.Call | None:
     return next((c for c in tree.within(node, cst.Call) if _callee(c) in names), None)
 

@@ -9,7 +9,8 @@ from using the folder before it exists.
 
 Only where that is safe: in a function (never at import time, before the process group
 exists) that every rank calls (no call of it under a rank-0 guard, where the barrier
-would wait forever), outside the training loop, and when the guarded statement binds
+would wait forever), outside the training loop and the model's forward passes (an
+evaluation: DDP's forward is a collective), and when the guarded statement binds
 no name that the code after it reads (the other ranks skip those assignments). An exit
 inside the reset (`print("Folder exists."); sys.exit(0)`) then runs on rank 0 alone: it is
 reported, since leaving the reset to every rank would make the usual path race. A reset
@@ -22,6 +23,7 @@ import libcst as cst
 
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.roles import runs_model
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import INIT_PG, SETUP_FUNCTION, Plan, backward_calls
@@ -70,7 +72,8 @@ def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
         "every rank removes or makes this folder, and they race (one rank removes what "
         "another made, or makedirs fails on the second); ddpify did not move it under "
         "rank 0 because not every rank would then reach the barrier after it (it is under "
-        "a test of the folder, or in a loop); run it on rank 0 and call dist.barrier() "
+        "a test of the folder, in a loop, or in a block that runs the model, whose forward is a "
+        "collective under DDP); run it on rank 0 and call dist.barrier() "
         "where every rank passes",
         tree.code(tree.statement(call)),
     )
@@ -128,6 +131,8 @@ def _reset_statement(tree: Tree, call: cst.Call) -> cst.BaseStatement | None:
             owner = tree.parent.get(owner)
         if owner is None or _assigned(tree, owner) & _read_after(tree, func, owner):
             break
+        if runs_model(tree, owner):
+            break  # an evaluation's `with torch.no_grad():` around the reset: see _safe
         statement = owner
     return statement
 
@@ -138,6 +143,8 @@ def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
         return False
     if any(tree.inside(c, statement) for c in backward_calls(tree)):
         return False
+    if runs_model(tree, statement):
+        return False  # the model's forward under DDP is a collective: every rank runs it
     if not _every_rank_reaches(tree, func, statement):
         return False
     return _called_on_every_rank(tree, func)
