@@ -145,9 +145,9 @@ def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
         return False
     if runs_model(tree, statement):
         return False  # the model's forward under DDP is a collective: every rank runs it
-    if not _every_rank_reaches(tree, func, statement):
+    if not every_rank_reaches(tree, func, statement):
         return False
-    return _called_on_every_rank(tree, func)
+    return called_on_every_rank(tree, func)
 
 
 def _leaving_node(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
@@ -160,13 +160,17 @@ def _leaving_node(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | Non
     return None
 
 
-def _every_rank_reaches(tree: Tree, func: cst.FunctionDef, statement: cst.BaseStatement) -> bool:
-    """Every rank takes the same path to `statement`, so all of them meet the barrier:
-    no loop around it, and no `if` whose test calls anything (`os.path.exists(d)` reads
-    the folder that rank 0 is changing)."""
+def every_rank_reaches(
+    tree: Tree, func: cst.FunctionDef | None, statement: cst.BaseStatement
+) -> bool:
+    """Every rank takes the same path to `statement` in `func` (None: at module level),
+    so all of them meet the barrier: no loop around it, and no `if` whose test calls
+    anything (`os.path.exists(d)` reads the folder that rank 0 is changing)."""
     for node in tree.ancestors(statement)[:-1]:
-        if not tree.inside(node, func) or node is func:
+        if func is not None and (not tree.inside(node, func) or node is func):
             continue
+        if func is None and isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return False
         if isinstance(node, (cst.For, cst.While, cst.Try, cst.With)):
             return False
         if isinstance(node, cst.If) and _calls_anything(tree, node.test):
@@ -219,7 +223,7 @@ def _bound_here(tree: Tree, name: cst.Name) -> bool:
     )
 
 
-def _called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
+def called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
     """Every call of `func` in the project runs on all ranks (none under a rank guard,
     none in a module-level statement that runs before the process group exists)."""
     view = tree.view
@@ -231,12 +235,12 @@ def _called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
         owner = view.owner(call)
         if owner is None or rank_zero_scope(owner.ancestors(call)) is not None:
             return False
-        if owner.function(call) is None and not _after_group_exists(owner, call):
+        if owner.function(call) is None and not after_group_exists(owner, call):
             return False
     return True
 
 
-def _after_group_exists(tree: Tree, call: cst.Call) -> bool:
+def after_group_exists(tree: Tree, call: cst.Call) -> bool:
     """A module-level call that runs after the process group is set up (in the
     `__main__` block, after `init_distributed()`)."""
     return any(
