@@ -1594,14 +1594,30 @@ def _find_bindings(view) -> dict[str, list[cst.BaseExpression]]:
     found: dict[str, list[cst.BaseExpression]] = {}
     for assign in view.find(cst.Assign):
         for target in assign.targets:
-            name = dotted(target.target)
-            if name:
-                found.setdefault(name, []).append(assign.value)
+            for bound, value in _paired(target.target, assign.value):
+                name = dotted(bound)
+                if name:
+                    found.setdefault(name, []).append(value)
     for item in view.find(cst.WithItem):
         name = dotted(item.asname.name) if item.asname is not None else None
         if name:
             found.setdefault(name, []).append(item.item)
     return found
+
+
+def _paired(
+    target: cst.BaseExpression, value: cst.BaseExpression
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """`(target, value)`, or each element with its own value when both sides are tuples
+    of the same length (`loss, total, bar = 0.0, 0, tqdm(loader)`)."""
+    sequences = (cst.Tuple, cst.List)
+    if not (isinstance(target, sequences) and isinstance(value, sequences)):
+        return [(target, value)]
+    targets, values = target.elements, value.elements
+    starred = any(isinstance(e, cst.StarredElement) for e in (*targets, *values))
+    if starred or len(targets) != len(values):
+        return [(target, value)]
+    return [(t.value, v.value) for t, v in zip(targets, values)]
 
 
 # -- what an unresolved loop iterates, for its refusal ------------------------------------
