@@ -104,3 +104,54 @@ def test_migrating_the_result_again_adds_no_second_wait():
     again = migrate_source(first.output, "train.py")
     assert again.output == first.output
     assert first.output.count("dist.barrier()") == 2
+
+
+def test_a_returned_download_under_a_test_of_the_settings_releases_before_returning():
+    result = _migrate(
+        "\n\ndef dataset(name, root):\n"
+        "    if name.startswith('mnist'):\n"
+        "        return torchvision.datasets.MNIST(root, download=True)\n"
+        "    return torchvision.datasets.FashionMNIST(root, download=True)\n",
+        "    train(dataset('mnist', 'data'))\n",
+    )
+    assert (
+        "    if name.startswith('mnist'):\n"
+        "        if RANK != 0:\n"
+        "            dist.barrier()  # ddpify: rank 0 downloads first; the others wait for it\n"
+        "        downloaded_dataset = torchvision.datasets.MNIST(root, download=True)\n"
+        "        if RANK == 0:\n"
+        "            dist.barrier()\n"
+        "        return downloaded_dataset\n"
+    ) in result.output
+    assert not _download_findings(result.output)
+
+
+def test_a_download_inside_a_statement_that_may_return_is_left_and_reported():
+    result = _migrate(
+        "\n\ndef dataset(root, fake):\n"
+        "    with open(os.devnull) as sink:\n"
+        "        return torchvision.datasets.MNIST(root, download=True)\n",
+        "    train(dataset('data', False))\n",
+    )
+    assert "barrier" not in result.output
+    assert any("downloads this dataset" in item.why for item in result.needs_human)
+
+
+def test_a_download_inline_under_the_main_guard_is_ordered():
+    text = (
+        HEAD
+        + TRAIN
+        + "\n\nif __name__ == '__main__':\n"
+        + "    train_set = torchvision.datasets.MNIST('data', download=True)\n"
+        + "    train(train_set)\n"
+    )
+    result = migrate_source(text)
+    assert result.migrated, result.reason
+    assert (
+        "        if RANK != 0:\n"
+        "            dist.barrier()  # ddpify: rank 0 downloads first; the others wait for it\n"
+        "        train_set = torchvision.datasets.MNIST('data', download=True)\n"
+        "        if RANK == 0:\n"
+        "            dist.barrier()\n"
+    ) in result.output
+    assert not _download_findings(result.output)

@@ -19,6 +19,8 @@ left to every rank is reported too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 
 from ddpify.analysis.guards import rank_zero_scope
@@ -161,25 +163,33 @@ def _leaving_node(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | Non
 
 
 def every_rank_reaches(
-    tree: Tree, func: cst.FunctionDef | None, statement: cst.BaseStatement
+    tree: Tree,
+    func: cst.FunctionDef | None,
+    statement: cst.BaseStatement,
+    same_test: Callable[[Tree, cst.BaseExpression], bool] | None = None,
 ) -> bool:
     """Every rank takes the same path to `statement` in `func` (None: at module level),
-    so all of them meet the barrier: no loop around it, and no `if` whose test calls
-    anything (`os.path.exists(d)` reads the folder that rank 0 is changing)."""
+    so all of them meet the barrier: no loop around it, no `try` that handles an error
+    (a `try: ... finally:` only cleans up), and no `if` whose test may differ between
+    the ranks: by default one that calls anything (`os.path.exists(d)` reads the folder
+    that rank 0 is changing), else as `same_test` judges it."""
+    same_test = same_test or _calls_nothing
     for node in tree.ancestors(statement)[:-1]:
         if func is not None and (not tree.inside(node, func) or node is func):
             continue
         if func is None and isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             return False
+        if isinstance(node, cst.Try) and not node.handlers:
+            continue
         if isinstance(node, (cst.For, cst.While, cst.Try, cst.With)):
             return False
-        if isinstance(node, cst.If) and _calls_anything(tree, node.test):
+        if isinstance(node, cst.If) and not same_test(tree, node.test):
             return False
     return True
 
 
-def _calls_anything(tree: Tree, expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Call) or any(True for _ in tree.within(expr, cst.Call))
+def _calls_nothing(tree: Tree, expr: cst.BaseExpression) -> bool:
+    return not isinstance(expr, cst.Call) and not any(True for _ in tree.within(expr, cst.Call))
 
 
 def _assigned(tree: Tree, statement: cst.BaseStatement) -> set[str]:
