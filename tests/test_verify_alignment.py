@@ -493,3 +493,18 @@ def test_a_contrastive_loss_does_not_stop_agreeing_gradients_from_matching():
     flags = {"batch_comparison": "torch.matmul(z, z.T) (losses.py:14)"}
     result = verdict(record(GRADS), converted_pair(GRADS, flags))
     assert (result.exit_code, result.verdict) == (0, "match"), result.message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "sums"),
+    [
+        ({"reduction": "sum"}, True),
+        ({"size_average": False}, True),  # the legacy spelling (a VAE's reconstruction loss)
+        ({"size_average": False, "reduce": True}, True),
+        ({"size_average": False, "reduce": False}, False),  # one loss per sample
+        ({"reduction": "mean"}, False),
+        ({}, False),
+    ],
+)
+def test_a_loss_summed_over_the_batch_is_recognised_in_either_spelling(kwargs, sums):
+    assert probe.sums_over_batch(kwargs) is sums
