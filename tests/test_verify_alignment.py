@@ -592,3 +592,18 @@ def test_the_precision_check_makes_the_float32_tensors_a_script_makes_float64(tm
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "widened 12" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "sums"),
+    [
+        ({"reduction": "sum"}, True),
+        ({"size_average": False}, True),  # the legacy spelling (a VAE's reconstruction loss)
+        ({"size_average": False, "reduce": True}, True),
+        ({"size_average": False, "reduce": False}, False),  # one loss per sample
+        ({"reduction": "mean"}, False),
+        ({}, False),
+    ],
+)
+def test_a_loss_summed_over_the_batch_is_recognised_in_either_spelling(kwargs, sums):
+    assert probe.sums_over_batch(kwargs) is sums

@@ -31,6 +31,8 @@ MATRIX_PRODUCTS = ("torch.matmul", "torch.mm")
 BATCHED_PRODUCTS = ("torch.bmm", "torch.matmul")
 RESHAPES = ("view", "reshape")
 DISTANCES = ("torch.cdist",)
+# Methods that give the same values back (a copy, another layout or dtype).
+SAME_VALUES = frozenset({"contiguous", "detach", "clone", "float", "double", "half"})
 # `x.transpose(0, 1)`, `x.permute(1, 0)`: the two dimensions of a (batch, features) matrix.
 SWAPS = {("0", "1"), ("1", "0")}
 # `x.transpose(1, 2)`, `x.transpose(-1, -2)`: the last two dimensions of a batch of matrices.
@@ -71,7 +73,9 @@ def _compares_rows(tree, node, left, right) -> bool:
 
 
 def _transposed(expr: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`x` for `x.T`, `x.t()`, `x.transpose(0, 1)`, `x.permute(1, 0)`; else None."""
+    """`x` for `x.T`, `x.t()`, `x.transpose(0, 1)`, `x.permute(1, 0)`, also followed by
+    calls that keep the values (`x.t().contiguous()`); else None."""
+    expr = _without_copies(expr)
     if isinstance(expr, cst.Attribute) and expr.attr.value == "T":
         return expr.value
     if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)):
@@ -87,6 +91,18 @@ def _transposed(expr: cst.BaseExpression) -> cst.BaseExpression | None:
     if name in ("transpose", "permute") and positions in SWAPS and len(expr.args) == 2:
         return expr.func.value
     return None
+
+
+def _without_copies(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`x.t()` for `x.t().contiguous()`, `x.t().detach().float()`: copies of the same rows."""
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and not expr.args
+        and method_name(expr) in SAME_VALUES
+    ):
+        expr = expr.func.value
+    return expr
 
 
 def _batch_name(tree, node: cst.CSTNode, expr: cst.BaseExpression) -> bool:

@@ -651,6 +651,15 @@ def calls_forward(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
     return _first_call_into(tree, node, forward_functions(tree))
 
 
+def runs_model(tree: Tree, node: cst.CSTNode) -> cst.Call | None:
+    """The first call in `node` that runs a model's forward: the model called (`net(x)`),
+    or a function that may call it. Under DDP that forward is a collective (the buffers
+    are broadcast), so every rank must run it."""
+    models = model_names(tree)
+    direct = (c for c in tree.within(node, cst.Call) if dotted(c.func) in models)
+    return next(direct, None) or calls_forward(tree, node)
+
+
 def _first_call_into(tree: Tree, node: cst.CSTNode, names: frozenset[str]) -> cst.Call | None:
     return next((c for c in tree.within(node, cst.Call) if _callee(c) in names), None)
 
@@ -1600,14 +1609,30 @@ def _find_bindings(view) -> dict[str, list[cst.BaseExpression]]:
     found: dict[str, list[cst.BaseExpression]] = {}
     for assign in view.find(cst.Assign):
         for target in assign.targets:
-            name = dotted(target.target)
-            if name:
-                found.setdefault(name, []).append(assign.value)
+            for bound, value in _paired(target.target, assign.value):
+                name = dotted(bound)
+                if name:
+                    found.setdefault(name, []).append(value)
     for item in view.find(cst.WithItem):
         name = dotted(item.asname.name) if item.asname is not None else None
         if name:
             found.setdefault(name, []).append(item.item)
     return found
+
+
+def _paired(
+    target: cst.BaseExpression, value: cst.BaseExpression
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """`(target, value)`, or each element with its own value when both sides are tuples
+    of the same length (`loss, total, bar = 0.0, 0, tqdm(loader)`)."""
+    sequences = (cst.Tuple, cst.List)
+    if not (isinstance(target, sequences) and isinstance(value, sequences)):
+        return [(target, value)]
+    targets, values = target.elements, value.elements
+    starred = any(isinstance(e, cst.StarredElement) for e in (*targets, *values))
+    if starred or len(targets) != len(values):
+        return [(target, value)]
+    return [(t.value, v.value) for t, v in zip(targets, values)]
 
 
 # -- what an unresolved loop iterates, for its refusal ------------------------------------

@@ -578,6 +578,22 @@ def binds_on_every_branch(statement: cst.If, name: str) -> bool:
     return isinstance(branch, cst.Else) and _block_assigns(branch.body, name)
 
 
+def rebound_between(tree: Tree, name: str, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    """Whether `name` is bound anew after `first` and before `second`, in the scope of
+    `second`, to a value that does not read it (`net = checkpoint["net"]`, `net, tag =
+    build()`): what `first` did to the old value (a DDP wrap) does not reach `second`."""
+    scope = tree.scope(second)
+    for assign in tree.find(cst.Assign):
+        if not (tree.after(assign, first) and tree.after(second, assign)):
+            continue
+        if tree.scope(assign) is not scope or tree.inside(second, assign):
+            continue
+        bound = set().union(*(names_in(target.target) for target in assign.targets))
+        if name in bound and not mentions(assign.value, name):
+            return True
+    return False
+
+
 def _block_assigns(block: cst.BaseSuite, name: str) -> bool:
     for line in getattr(block, "body", ()):
         for small in getattr(line, "body", ()) if isinstance(line, cst.SimpleStatementLine) else ():

@@ -31,6 +31,7 @@ from ddpify.migrate import (
     amp,
     data,
     device,
+    downloads,
     entrypoint,
     imports,
     rank_zero,
@@ -54,6 +55,7 @@ PASSES: list[Pass] = [
     (amp.NAME, amp.run),
     (rank_zero.NAME, rank_zero.run),
     (shared_dirs.NAME, shared_dirs.run),
+    (downloads.NAME, downloads.run),
     (imports.NAME, imports.run),
     # Reads the wrapped script once its DDP import is there: copies, checkpoints by name.
     (unwrap.NAME, unwrap.run),

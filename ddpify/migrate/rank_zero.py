@@ -100,12 +100,37 @@ def _writers(tree: Tree, plan: Plan, edits: Edits, rank: str) -> set[str]:
             continue
         if never_run(tree.view, call):
             continue
+        read = _value_read(tree, target) if target else None
+        if read is not None:
+            plan.needs_human(
+                f"{target} is created on every rank: `{tree.code(read)}` reads it where every "
+                "rank runs, so it cannot be None on the others; its writes run on rank 0 only, "
+                "the other ranks leave empty event files",
+                tree.code(statement),
+            )
+            continue
         new = f"{tree.code(call)} if {rank} == 0 else None"
         edits.replace(call, snippets.expression(new))
         plan.change(
             NAME, f"{target} is created on rank 0 only", f"if {rank} == 0 else None", "DDP052"
         )
     return names | _writer_aliases(tree)
+
+
+def _value_read(tree: Tree, writer: str) -> cst.Attribute | None:
+    """A use of `writer` that reads a value from it (`writer.log_dir`, `d =
+    writer.get_logdir()`) outside a rank-0 guard: with None on the other ranks it would
+    fail there. A bare method call (`writer.add_scalar(...)`) is a write, guarded itself."""
+    for node in tree.find(cst.Attribute, lambda a: dotted(a.value) == writer):
+        parent = tree.parent.get(node)
+        statement = tree.statement(node)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        bare = isinstance(small, cst.Expr) and small.value is parent
+        if isinstance(parent, cst.Call) and parent.func is node and bare:
+            continue
+        if rank_zero_scope(tree.ancestors(node)) is None:
+            return node
+    return None
 
 
 def _writer_aliases(tree: Tree) -> set[str]:

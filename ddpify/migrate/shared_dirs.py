@@ -9,7 +9,8 @@ from using the folder before it exists.
 
 Only where that is safe: in a function (never at import time, before the process group
 exists) that every rank calls (no call of it under a rank-0 guard, where the barrier
-would wait forever), outside the training loop, and when the guarded statement binds
+would wait forever), outside the training loop and the model's forward passes (an
+evaluation: DDP's forward is a collective), and when the guarded statement binds
 no name that the code after it reads (the other ranks skip those assignments). An exit
 inside the reset (`print("Folder exists."); sys.exit(0)`) then runs on rank 0 alone: it is
 reported, since leaving the reset to every rank would make the usual path race. A reset
@@ -18,10 +19,13 @@ left to every rank is reported too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.roles import runs_model
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import INIT_PG, SETUP_FUNCTION, Plan, backward_calls
@@ -70,7 +74,8 @@ def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
         "every rank removes or makes this folder, and they race (one rank removes what "
         "another made, or makedirs fails on the second); ddpify did not move it under "
         "rank 0 because not every rank would then reach the barrier after it (it is under "
-        "a test of the folder, or in a loop); run it on rank 0 and call dist.barrier() "
+        "a test of the folder, in a loop, or in a block that runs the model, whose forward is a "
+        "collective under DDP); run it on rank 0 and call dist.barrier() "
         "where every rank passes",
         tree.code(tree.statement(call)),
     )
@@ -128,6 +133,8 @@ def _reset_statement(tree: Tree, call: cst.Call) -> cst.BaseStatement | None:
             owner = tree.parent.get(owner)
         if owner is None or _assigned(tree, owner) & _read_after(tree, func, owner):
             break
+        if runs_model(tree, owner):
+            break  # an evaluation's `with torch.no_grad():` around the reset: see _safe
         statement = owner
     return statement
 
@@ -138,9 +145,11 @@ def _safe(tree: Tree, call: cst.Call, statement: cst.BaseStatement) -> bool:
         return False
     if any(tree.inside(c, statement) for c in backward_calls(tree)):
         return False
-    if not _every_rank_reaches(tree, func, statement):
+    if runs_model(tree, statement):
+        return False  # the model's forward under DDP is a collective: every rank runs it
+    if not every_rank_reaches(tree, func, statement):
         return False
-    return _called_on_every_rank(tree, func)
+    return called_on_every_rank(tree, func)
 
 
 def _leaving_node(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | None:
@@ -153,22 +162,34 @@ def _leaving_node(tree: Tree, statement: cst.BaseStatement) -> cst.CSTNode | Non
     return None
 
 
-def _every_rank_reaches(tree: Tree, func: cst.FunctionDef, statement: cst.BaseStatement) -> bool:
-    """Every rank takes the same path to `statement`, so all of them meet the barrier:
-    no loop around it, and no `if` whose test calls anything (`os.path.exists(d)` reads
-    the folder that rank 0 is changing)."""
+def every_rank_reaches(
+    tree: Tree,
+    func: cst.FunctionDef | None,
+    statement: cst.BaseStatement,
+    same_test: Callable[[Tree, cst.BaseExpression], bool] | None = None,
+) -> bool:
+    """Every rank takes the same path to `statement` in `func` (None: at module level),
+    so all of them meet the barrier: no loop around it, no `try` that handles an error
+    (a `try: ... finally:` only cleans up), and no `if` whose test may differ between
+    the ranks: by default one that calls anything (`os.path.exists(d)` reads the folder
+    that rank 0 is changing), else as `same_test` judges it."""
+    same_test = same_test or _calls_nothing
     for node in tree.ancestors(statement)[:-1]:
-        if not tree.inside(node, func) or node is func:
+        if func is not None and (not tree.inside(node, func) or node is func):
+            continue
+        if func is None and isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(node, cst.Try) and not node.handlers:
             continue
         if isinstance(node, (cst.For, cst.While, cst.Try, cst.With)):
             return False
-        if isinstance(node, cst.If) and _calls_anything(tree, node.test):
+        if isinstance(node, cst.If) and not same_test(tree, node.test):
             return False
     return True
 
 
-def _calls_anything(tree: Tree, expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Call) or any(True for _ in tree.within(expr, cst.Call))
+def _calls_nothing(tree: Tree, expr: cst.BaseExpression) -> bool:
+    return not isinstance(expr, cst.Call) and not any(True for _ in tree.within(expr, cst.Call))
 
 
 def _assigned(tree: Tree, statement: cst.BaseStatement) -> set[str]:
@@ -212,7 +233,7 @@ def _bound_here(tree: Tree, name: cst.Name) -> bool:
     )
 
 
-def _called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
+def called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
     """Every call of `func` in the project runs on all ranks (none under a rank guard,
     none in a module-level statement that runs before the process group exists)."""
     view = tree.view
@@ -224,12 +245,12 @@ def _called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
         owner = view.owner(call)
         if owner is None or rank_zero_scope(owner.ancestors(call)) is not None:
             return False
-        if owner.function(call) is None and not _after_group_exists(owner, call):
+        if owner.function(call) is None and not after_group_exists(owner, call):
             return False
     return True
 
 
-def _after_group_exists(tree: Tree, call: cst.Call) -> bool:
+def after_group_exists(tree: Tree, call: cst.Call) -> bool:
     """A module-level call that runs after the process group is set up (in the
     `__main__` block, after `init_distributed()`)."""
     return any(

@@ -367,12 +367,17 @@ def _replace_data_parallel(tree: Tree, plan: Plan, edits: Edits) -> list:
             continue
         anchor = owner or statement
         place = anchor
-        if target is not None and inner == target and not suffix:
+        built_inside = _builds_inside_wrap(statement, call, owner, target, inner)
+        if target is not None and (inner == target or built_inside) and not suffix:
             place = _last_preparation(tree, target, anchor)
         if place is not anchor:
             # `model = DataParallel(model); model.to(device)`: DDP wants the module on its
-            # device first, so the wrap moves after the preparation.
-            edits.removed.add(statement)
+            # device first, so the wrap moves after the preparation. `model =
+            # DataParallel(Net()); model.cuda()`: the line keeps building the module.
+            if built_inside:
+                edits.replace(call, call.args[0].value)
+            else:
+                edits.removed.add(statement)
             if owner is not None and len(owner.body.body) == 1:
                 edits.removed.add(owner)
             if _wants_sync_bn(tree, plan, target):
@@ -462,6 +467,26 @@ def _one_branch_of(tree: Tree, expr: cst.BaseExpression) -> cst.IfExp | None:
     if isinstance(parent, cst.IfExp) and expr in (parent.body, parent.orelse):
         return parent
     return None
+
+
+def _builds_inside_wrap(
+    statement: cst.BaseStatement,
+    call: cst.Call,
+    owner: cst.If | None,
+    target: str | None,
+    inner: str,
+) -> bool:
+    """`model = DataParallel(Net())`: the wrap's argument builds the module, and the
+    statement binds the wrapper to a plain name (no device-count test around it)."""
+    return (
+        owner is None
+        and target is not None
+        and "." not in target
+        and inner != target
+        and call.args[0].keyword is None
+        and not call.args[0].star
+        and _assigned_name(statement, call) == target
+    )
 
 
 def _assigned_name(statement: cst.BaseStatement, value: cst.BaseExpression) -> str | None:

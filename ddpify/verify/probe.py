@@ -862,7 +862,7 @@ class Probe:
 
         def watch_reduction(name, loss):
             def watched(*args, **kwargs):
-                if kwargs.get("reduction") == "sum":
+                if sums_over_batch(kwargs):
                     probe.flag("sum_loss", name)
                 elif name in MASKED_MEAN_LOSSES:
                     probe.note_masked_mean(name, args, kwargs)
@@ -1372,6 +1372,14 @@ def reference_rank(probe):
     rank = beside_this_file("probe_reference").ReferenceRank(probe)
     rank.install()
     return rank
+
+
+def sums_over_batch(kwargs: dict) -> bool:
+    """A loss called with `reduction="sum"`, or its legacy spelling `size_average=False`
+    (with `reduce` left on: `reduce=False` gives one loss per sample)."""
+    if kwargs.get("reduction") == "sum":
+        return True
+    return kwargs.get("size_average") is False and kwargs.get("reduce") is not False
 
 
 def block_bounds(rows: int, rank: int, world: int) -> tuple[int, int]:

@@ -6,6 +6,7 @@ import libcst as cst
 
 from ddpify.analysis.batch_norm import BATCH_NORM, may_hold_batch_norm
 from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.tree import rebound_between
 from ddpify.diagnostics import Severity
 from ddpify.rules.devices._common import DDP, DistributedRule
 
@@ -94,7 +95,11 @@ class BatchNormNotSynced(DistributedRule):
         return any(
             wrap.function is conversion.function
             and wrap.order < conversion.order
-            and wrap.names & conversion.names
+            and any(
+                # `net = checkpoint["net"]` between them: a fresh module, not the wrapped one.
+                not rebound_between(self.context.tree, name, wrap.call, conversion.call)
+                for name in wrap.names & conversion.names
+            )
             for wrap in self.wraps
         )
 
