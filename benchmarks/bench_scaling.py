@@ -115,6 +115,7 @@ def stages(text: str) -> None:
     """Migrate once with the pipeline's stages timed. A stage inside another counts for
     the outer one only: a tree built by a pass counts for the passes, the passes and
     trees of the idempotency run for that run."""
+    from ddpify import splice
     from ddpify.analysis import tree
     from ddpify.migrate import pipeline
 
@@ -147,6 +148,10 @@ def stages(text: str) -> None:
     timing(pipeline, "analyze_project", "project analysis")
     timing(tree.Tree, "__init__", "tree builds")
     timing(pipeline, "_gate_idempotent", "idempotency run")
+    timing(splice, "same_tree", "output parse vs final module")
+    # The idempotency and check gates of a large output run in forked children (their
+    # CPU counts in the total, not in their stages): what this process waits for them.
+    timing(pipeline._FinalGatesAhead, "results", "waiting for the gates run ahead")
     total, wall = timed(guarded.deep, migrate_source, text, "big.py")
     print(f"\nmigrate, {text.count(chr(10))} lines: {total:.2f} CPU s, {wall:.2f} wall s")
     print(f"  {'stage':<44} {'CPU s':>6} {'wall s':>6}")

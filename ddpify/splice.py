@@ -402,6 +402,40 @@ def _same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+def same_tree(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """`a.deep_equals(b)` without recursion (input depth must not drive it), skipping the
+    subtrees both share: a spliced parse holds the input's statements that a rewrite
+    kept, as the rewritten module does, so this costs the statements it parsed again."""
+    pending: list[tuple[object, object]] = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        if x is y:
+            continue
+        if isinstance(x, cst.CSTNode):
+            if type(x) is not type(y):
+                return False
+            pending.extend((getattr(x, name), getattr(y, name)) for name in _compared(type(x)))
+        elif isinstance(x, (list, tuple)):
+            if not isinstance(y, (list, tuple)) or len(x) != len(y):
+                return False
+            pending.extend(zip(x, y))
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+_COMPARED: dict[type, tuple[str, ...]] = {}
+
+
+def _compared(kind: type) -> tuple[str, ...]:
+    """The fields `deep_equals` compares (not metadata), per node type."""
+    names = _COMPARED.get(kind)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(kind) if f.compare)
+        _COMPARED[kind] = names
+    return names
+
+
 def _runs(out: list) -> list[tuple[int, int]]:
     """Maximal runs of statements still to parse (None in `out`), last first."""
     runs, start = [], None

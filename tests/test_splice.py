@@ -379,3 +379,45 @@ def test_a_splice_that_does_not_render_to_the_output_is_not_used(monkeypatch):
     expected = migrate_source(text, "train.py").output
     monkeypatch.setattr(splice, "splice_parse", lambda old, new, output: old)
     assert migrate_source(text, "train.py").output == expected
+
+
+def test_same_tree_answers_as_deep_equals():
+    pairs = [
+        ("x = f(a, b)\n", "x = f(a, b)\n"),
+        ("x = f(a, b)\n", "x = f(a,b)\n"),  # whitespace is part of the tree
+        ("x = a * (b + c)\n", "x = a * b + c\n"),
+        ("if a:\n    pass\n", "if a:\n    pass\nelse:\n    pass\n"),
+        ("def f():\n    return 1  # one\n", "def f():\n    return 1  # one\n"),
+        ("def f():\n    return 1  # one\n", "def f():\n    return 1  # two\n"),
+    ]
+    for first, second in pairs:
+        a, b = cst.parse_module(first), cst.parse_module(second)
+        assert splice.same_tree(a, b) == a.deep_equals(b), (first, second)
+
+
+def test_same_tree_tells_a_built_tree_from_the_parse_of_its_code():
+    # Built without parentheses, `a * (b + c)` renders as `a * b + c`, which parses as
+    # `(a * b) + c`: the same text, another tree (another meaning).
+    inner = cst.BinaryOperation(cst.Name("b"), cst.Add(), cst.Name("c"))
+    built = cst.Module(
+        [
+            cst.SimpleStatementLine(
+                [cst.Expr(cst.BinaryOperation(cst.Name("a"), cst.Multiply(), inner))]
+            )
+        ]
+    )
+    parsed = cst.parse_module(built.code)
+    assert built.code == parsed.code
+    assert not splice.same_tree(built, parsed)
+
+
+def test_same_tree_does_not_recurse_with_the_depth_of_the_code():
+    def nested(depth: int) -> cst.BaseExpression:
+        node: cst.BaseExpression = cst.Name("x")
+        for _ in range(depth):
+            node = cst.UnaryOperation(cst.Minus(), node)
+        return node
+
+    depth = sys.getrecursionlimit() * 4
+    assert splice.same_tree(nested(depth), nested(depth))
+    assert not splice.same_tree(nested(depth), nested(depth + 1))

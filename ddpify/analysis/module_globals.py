@@ -15,8 +15,8 @@ from ddpify.walk import walk
 
 def module_functions(tree: Tree) -> dict[str, cst.FunctionDef]:
     """The functions defined at the module's top level, by name (the later def wins, as
-    in Python)."""
-    return {s.name.value: s for s in tree.module.body if isinstance(s, cst.FunctionDef)}
+    in Python). Read only."""
+    return tree.top_functions
 
 
 def called_by_name(node: cst.CSTNode) -> set[str]:

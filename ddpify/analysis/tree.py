@@ -58,6 +58,7 @@ class Tree:
         self._nodes: list[cst.CSTNode] | None = None
         self._parent_ids: list[int] | None = None
         self._call_names: list[tuple[cst.Call, str | None, str | None]] | None = None
+        self._top_functions: dict[str, cst.FunctionDef] | None = None
         self.imports = ImportMap()
         self._view: ProjectView | None = None
         self._collect(module, previous)
@@ -76,6 +77,7 @@ class Tree:
         tree._nodes = None
         tree._parent_ids = None
         tree._call_names = None
+        tree._top_functions = None
         tree._view = None
         tree.parent = parents  # read only, like the engine's own use of it
         segment = _Segment.flat(list(parents))
@@ -175,6 +177,15 @@ class Tree:
         if self._order is None:
             self._order = dict(zip(self.nodes, range(len(self.nodes))))
         return self._order
+
+    @property
+    def top_functions(self) -> dict[str, cst.FunctionDef]:
+        """The functions defined at the module's top level, by name (the later def wins,
+        as in Python). Read only: kept for the tree, since rules ask it per call."""
+        if self._top_functions is None:
+            body = self.module.body
+            self._top_functions = {s.name.value: s for s in body if type(s) is cst.FunctionDef}
+        return self._top_functions
 
     @property
     def text(self) -> str:

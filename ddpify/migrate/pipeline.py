@@ -148,21 +148,41 @@ def _migrate_sources(
             MigrationResult(name, texts[name], texts[name], exc.shape.value, False, exc.reason)
             for name in names
         ]
-    results = []
-    outputs = []  # each output as libcst parses it (parsed once, for every gate)
-    for index, (name, plan) in enumerate(zip(names, plans)):
-        output = stages[name][-1][1]
-        if gates:
-            ends = (modules[index], trees[index].module)
+    results = [
+        _result(name, texts[name], stages[name][-1][1], plan) for name, plan in zip(names, plans)
+    ]
+    if not gates:
+        return _located(results)
+    finals = [tree.module for tree in trees]
+    ahead = _FinalGatesAhead.start(names, results, options, passes, render, finals, trees)
+    try:
+        outputs = []  # each output as libcst parses it (parsed once, for every gate)
+        for index, (name, result) in enumerate(zip(names, results)):
+            ends = (modules[index], finals[index])
             _in_file(name, several, _gate_compiles, stages[name], render, ends)
             parse = _output_parser(*ends, render)
             outputs.append(
-                _in_file(name, several, check_compiles, output, "output", "<output>", parse, True)
+                _in_file(
+                    name, several, check_compiles, result.output, "output", "<output>", parse, True
+                )
             )
             _in_file(name, several, _gate_comments, stages[name], render, ends)
-        results.append(_result(name, texts[name], output, plan))
-    if gates and any(result.changed for result in results):
-        _gate_idempotent_and_check(names, results, options, passes, render, outputs, trees)
+        if any(result.changed for result in results):
+            if ahead is not None and all(map(splice.same_tree, outputs, finals)):
+                found = ahead.results()
+            else:
+                found = _gate_idempotent_and_check(
+                    names, results, options, passes, render, outputs, trees
+                )
+            for result, items in zip(results, found):
+                result.needs_human.extend(items)
+    finally:
+        if ahead is not None:
+            ahead.close()
+    return _located(results)
+
+
+def _located(results: list[MigrationResult]) -> list[MigrationResult]:
     for result in results:
         result.locate()
     return results
@@ -336,23 +356,54 @@ def _gate_idempotent_and_check(
     render: ModuleText,
     outputs: list[cst.Module],
     trees: list[Tree],
-) -> None:
-    """The idempotency gate, and `_gate_check` on every output: for a large output the
-    check runs in a forked child while this process migrates the output again (each
-    costs seconds on 100k lines; a fork, milliseconds)."""
+) -> list[list[HumanItem]]:
+    """The idempotency gate, and `_gate_check` on every output (its items per file): for
+    a large output the check runs in a forked child while this process migrates the
+    output again (each costs seconds on 100k lines; a fork, milliseconds)."""
     large = sum(len(result.output) for result in results) >= PARALLEL_CHARS
     checking = Beside(_leftovers_of, names, results, outputs) if large else None
     try:
         _gate_idempotent(results, options, passes, render, outputs, trees)
         if checking is not None:
-            found = checking.result()
-        else:
-            found = _leftovers_of(names, results, outputs)
+            return checking.result()
+        return _leftovers_of(names, results, outputs)
     finally:
         if checking is not None:
             checking.close()
-    for result, items in zip(results, found):
-        result.needs_human.extend(items)
+
+
+class _FinalGatesAhead:
+    """The idempotency and check gates of a large migration, each started in a forked
+    child on the passes' own final modules while this process runs the output gates
+    (compile, parse, comments): on 100k lines each gate costs seconds, a fork
+    milliseconds. The output's parse is what the gates must read; when it is not the
+    same tree as the final module (`splice.same_tree`), the caller drops these and
+    runs the gates again on the parse."""
+
+    def __init__(self, idempotency: Beside, check: Beside) -> None:
+        self._idempotency, self._check = idempotency, check
+
+    @classmethod
+    def start(cls, names, results, options, passes, render, finals, trees):
+        """None for a small or unchanged migration (the gates run after the parse)."""
+        if not any(result.changed for result in results):
+            return None
+        if sum(len(result.output) for result in results) < PARALLEL_CHARS:
+            return None
+        return cls(
+            Beside(_gate_idempotent, results, options, passes, render, finals, trees),
+            Beside(_leftovers_of, names, results, finals),
+        )
+
+    def results(self) -> list[list[HumanItem]]:
+        """The idempotency gate's verdict first (a GateError), then the check gate's
+        items per file, as `_gate_idempotent_and_check` gives them."""
+        self._idempotency.result()
+        return self._check.result()
+
+    def close(self) -> None:
+        self._idempotency.close()
+        self._check.close()
 
 
 def _leftovers_of(
