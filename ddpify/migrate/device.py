@@ -24,13 +24,20 @@ CUDA_LITERALS = ("cuda", "cuda:0")
 DEVICE_PARAM_METHODS = ("to", "cuda")
 
 
+def _may_spell_cuda(string: cst.SimpleString) -> bool:
+    """Whether the literal's value can be "cuda": a test of its text before evaluating it
+    (`evaluated_value` costs a `literal_eval`, and a large file has many strings); only
+    an escape could spell "cuda" without the word in the text."""
+    return "cuda" in string.value or "\\" in string.value
+
+
 def run(tree: Tree, plan: Plan) -> Edits:
     edits = Edits()
     if not plan.shape.converts:
         return edits
     for string in tree.find(cst.SimpleString):
-        if never_run(tree.view, string):
-            continue  # an imported module's demo: the project's run never runs it
+        if not _may_spell_cuda(string) or never_run(tree.view, string):
+            continue  # never_run: an imported module's demo, the project's run never runs it
         if string.evaluated_value in CUDA_LITERALS and _names_a_device(tree, string):
             quote = string.quote
             edits.replace(string, snippets.expression(f"f{quote}cuda:{{LOCAL_RANK}}{quote}"))
