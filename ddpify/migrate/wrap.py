@@ -39,7 +39,7 @@ from ddpify.analysis.roles import (
 from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, binds_on_every_branch, mentions
 from ddpify.analysis.values import only_value_in_function
-from ddpify.analysis.wrappers import runs_model_outside_forward
+from ddpify.analysis.wrappers import MODULE_HOUSEKEEPING, runs_model_outside_forward
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -74,25 +74,9 @@ PREPARES = {
     "insert",
 }
 # What a DDP wrapper answers itself, like the module it wraps.
-MODULE_API = {
+MODULE_API = MODULE_HOUSEKEEPING | {
     "module",
-    "parameters",
-    "named_parameters",
-    "buffers",
-    "named_buffers",
-    "children",
-    "named_children",
-    "modules",
-    "named_modules",
-    "train",
-    "eval",
-    "zero_grad",
-    "to",
-    "cuda",
-    "cpu",
-    "requires_grad_",
     "training",
-    "apply",
     "no_sync",
     "join",
     "forward",
@@ -100,8 +84,6 @@ MODULE_API = {
     "register_forward_pre_hook",
     "register_full_backward_hook",
     "register_comm_hook",
-    "half",
-    "float",
     "type",
 }
 SYNC_BN = """\
