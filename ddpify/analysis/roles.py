@@ -1174,7 +1174,7 @@ def project_has_hand_made_batches(tree: Tree) -> bool:
     """Whether any module of the project shards hand-made batches or the batches of a
     batch stream (the global batch then stays the original's, and so does the learning
     rate, in every module)."""
-    trees = getattr(tree.view, "trees", [tree])
+    trees = tree.trees
     return any(hand_made_batches(t) or stream_batches(t) for t in trees)
 
 

@@ -104,7 +104,7 @@ def _ids_of_wraps_by_name(tree: Tree) -> set[str]:
     """The device_ids of a DataParallel over a class's nets by name (`parallelize()`)
     that holds trained nets: the wrap pass drops it, the nets are DDP."""
     found = set()
-    for module in getattr(tree.view, "trees", [tree]):
+    for module in tree.trees:
         for wrap in data_parallel_by_name(module):
             ids = find_arg(wrap.call, "device_ids", 1)
             name = dotted(ids.value) if ids is not None else None
