@@ -140,6 +140,13 @@ def _project_code(view, node: cst.CSTNode) -> bool:
     return not in_imported_main_block(view.view, node)
 
 
+def ddp_wrapper_names(tree: Tree) -> set[str]:
+    """The names the project's `DistributedDataParallel(...)` calls are bound to (once
+    migrated, the names that hold a DDP wrapper)."""
+    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)}
+    return names - {None}  # type: ignore[return-value]
+
+
 def bound_target(tree: Tree, call: cst.Call) -> str | None:
     """`x` in `x = call(...)` (also through `.to()` chains), else None."""
     statement = tree.view.statement(call)

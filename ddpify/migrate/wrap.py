@@ -25,6 +25,7 @@ from ddpify.analysis.repeated_forwards import forwards_of_several_shapes
 from ddpify.analysis.roles import (
     class_of,
     data_parallel_subclasses,
+    ddp_wrapper_names,
     keyed_collection_owners,
     keys_loop,
     mixed_receivers,
@@ -1469,7 +1470,7 @@ def _wrapper_names(tree: Tree, plan: Plan) -> set[str]:
     `model` for `model.encoder = DDP(model.encoder)`: `model` keeps its own `state_dict`."""
     if plan.shape is Shape.SINGLE:
         return trained_model_names(tree)
-    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)}
+    names: set[str | None] = set(ddp_wrapper_names(tree))
     if plan.shape is Shape.DATA_PARALLEL:
         for call in tree.view.calls_to(DATA_PARALLEL):
             target = bound_target(tree, call)
