@@ -323,3 +323,13 @@ def test_a_penalty_helper_nobody_calls_leaves_amp_on():
     code = _step("loss = loss_fn(model(x), y)\nloss.backward()\noptimizer.step()", helper)
     result = migrate_source(code, "t.py")
     assert "autocast" in result.output and not _penalty_items(result)
+
+
+@pytest.mark.parametrize("spelling", ['"cuda"', "'cuda:0'", '"\\x63uda"', "'''cuda'''"])
+def test_every_spelling_of_the_cuda_string_becomes_the_process_gpu(spelling):
+    # The pass reads a literal's text before evaluating it; an escape spells it too.
+    source = (CASES_DIR / "single_main_argparse" / "before.py").read_text()
+    source = source.replace("import torch\n", f"import torch\nDEVICE = {spelling}\n", 1)
+    result = migrate_source(source, "train.py")
+    line = next(x for x in result.output.splitlines() if x.startswith("DEVICE = "))
+    assert line.startswith("DEVICE = f") and "cuda:{LOCAL_RANK}" in line

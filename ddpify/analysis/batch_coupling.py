@@ -170,7 +170,7 @@ def masked_mean_losses(tree) -> list[cst.Call]:
     found: list[cst.Call] = []
     # Only the entry script or a module that trains: a loss library a configuration picks
     # from (or never names) holds many losses the run may not use.
-    entry = getattr(tree.view, "trees", [tree])[0] is tree
+    entry = tree.trees[0] is tree
     if not entry and not any(tree.owns(loop) for loop in training_loops(tree)):
         return found
     for call in tree.calls_to(*MASKED_MEAN_LOSSES):

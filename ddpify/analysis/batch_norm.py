@@ -53,8 +53,7 @@ def names_batch_norm(tree) -> bool:
     `LazyBatchNorm1d`; not SyncBatchNorm): the model's layers may live in another module
     of the project (models/, layers/)."""
     return any(
-        t.find(cst.Name, lambda name: BATCH_NORM.match(name.value) is not None)
-        for t in getattr(tree.view, "trees", [tree])
+        t.find(cst.Name, lambda name: BATCH_NORM.match(name.value) is not None) for t in tree.trees
     )
 
 
@@ -148,7 +147,7 @@ def _project_definitions(view) -> dict[str, cst.CSTNode]:
 
     def compute() -> dict[str, cst.CSTNode]:
         found: dict[str, cst.CSTNode] = {}
-        for tree in getattr(view, "trees", [view]):
+        for tree in view.trees:
             for node in tree.module.body:  # methods are part of their class
                 if isinstance(node, (cst.ClassDef, cst.FunctionDef)):
                     found.setdefault(node.name.value, node)

@@ -345,7 +345,7 @@ def chosen_training_loaders(
 
 def _chosen_training_loaders(tree: Tree, modules: dict[str, LoaderBase]) -> list:
     found = []
-    for owner in getattr(tree.view, "trees", [tree]):
+    for owner in tree.trees:
         for loop in train_loaders(owner)[1]:
             if not isinstance(loop, cst.For):
                 continue

@@ -69,7 +69,7 @@ def _imported_owner(view, node: cst.CSTNode):
     """The module `node` lies in, when it is one the entry script imports (not the entry
     itself); None otherwise, and always for a single Tree (its own entry)."""
     tree = view.owner(node)
-    return None if tree is None or tree is getattr(view, "trees", [view])[0] else tree
+    return None if tree is None or tree is view.trees[0] else tree
 
 
 def in_imported_main_block(view, node: cst.CSTNode) -> bool:

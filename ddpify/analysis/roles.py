@@ -140,6 +140,13 @@ def _project_code(view, node: cst.CSTNode) -> bool:
     return not in_imported_main_block(view.view, node)
 
 
+def ddp_wrapper_names(tree: Tree) -> set[str]:
+    """The names the project's `DistributedDataParallel(...)` calls are bound to (once
+    migrated, the names that hold a DDP wrapper)."""
+    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)}
+    return names - {None}  # type: ignore[return-value]
+
+
 def bound_target(tree: Tree, call: cst.Call) -> str | None:
     """`x` in `x = call(...)` (also through `.to()` chains), else None."""
     statement = tree.view.statement(call)
@@ -1174,7 +1181,7 @@ def project_has_hand_made_batches(tree: Tree) -> bool:
     """Whether any module of the project shards hand-made batches or the batches of a
     batch stream (the global batch then stays the original's, and so does the learning
     rate, in every module)."""
-    trees = getattr(tree.view, "trees", [tree])
+    trees = tree.trees
     return any(hand_made_batches(t) or stream_batches(t) for t in trees)
 
 

@@ -160,6 +160,11 @@ class Tree:
         self._view = None if view is self else view  # type: ignore[assignment]
 
     @property
+    def trees(self) -> list[Tree]:
+        """The modules the view searches: its project's, or this tree alone."""
+        return [self] if self._view is None else self._view.trees
+
+    @property
     def nodes(self) -> list[cst.CSTNode]:
         """Every syntax node, pre-order (the module first)."""
         if self._nodes is None:

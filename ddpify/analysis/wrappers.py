@@ -378,23 +378,17 @@ def records_gradients(ancestors: Sequence[cst.CSTNode], qualify) -> bool:
     return not (function is not None and EVAL_FUNCTION.search(function.name.value.lower()))
 
 
-# nn.Module methods that run no forward: calling them through `.module` bypasses nothing.
-NOT_A_FORWARD = frozenset(
+# nn.Module's own housekeeping: runs no forward, and a DDP wrapper answers it itself.
+MODULE_HOUSEKEEPING = frozenset(
     {
-        "state_dict",
-        "load_state_dict",
-        "named_parameters",
         "parameters",
+        "named_parameters",
         "buffers",
         "named_buffers",
         "children",
         "named_children",
         "modules",
         "named_modules",
-        "get_submodule",
-        "get_parameter",
-        "register_buffer",
-        "extra_repr",
         "train",
         "eval",
         "zero_grad",
@@ -407,6 +401,15 @@ NOT_A_FORWARD = frozenset(
         "apply",
     }
 )
+# nn.Module methods that run no forward: calling them through `.module` bypasses nothing.
+NOT_A_FORWARD = MODULE_HOUSEKEEPING | {
+    "state_dict",
+    "load_state_dict",
+    "get_submodule",
+    "get_parameter",
+    "register_buffer",
+    "extra_repr",
+}
 
 
 def runs_model_outside_forward(tree, call: cst.Call, wrapper: str) -> bool:

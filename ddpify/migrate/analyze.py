@@ -154,7 +154,7 @@ def _first_line(text: str | None) -> str | None:
 def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
     """The shape of a script, or of a project when `tree` is its entry (every module of
     the project counts: a Trainer module that calls mp.spawn makes a spawn project)."""
-    trees = _trees(tree)
+    trees = tree.trees
     for module, label in FRAMEWORKS.items():
         if any(t.imports.imports_any(module) for t in trees):
             return Shape.FRAMEWORK, (
@@ -177,10 +177,6 @@ def detect_shape(tree: Tree) -> tuple[Shape, str | None]:
     ):
         return Shape.DATA_PARALLEL, None
     return Shape.SINGLE, None
-
-
-def _trees(tree: Tree) -> list[Tree]:
-    return getattr(tree.view, "trees", [tree])
 
 
 def aliases(tree: Tree, plan: Plan) -> None:

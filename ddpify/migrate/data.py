@@ -408,7 +408,7 @@ def _project_hand_made(tree: Tree, plan: Plan) -> bool:
     class the configuration chooses (see `_hand_made_here`)."""
     if not plan.options.loader_modules:
         return project_has_hand_made_batches(tree)
-    trees = getattr(tree.view, "trees", [tree])
+    trees = tree.trees
     return any(_hand_made_here(t, plan) or stream_batches(t) for t in trees)
 
 

@@ -24,13 +24,20 @@ CUDA_LITERALS = ("cuda", "cuda:0")
 DEVICE_PARAM_METHODS = ("to", "cuda")
 
 
+def _may_spell_cuda(string: cst.SimpleString) -> bool:
+    """Whether the literal's value can be "cuda": a test of its text before evaluating it
+    (`evaluated_value` costs a `literal_eval`, and a large file has many strings); only
+    an escape could spell "cuda" without the word in the text."""
+    return "cuda" in string.value or "\\" in string.value
+
+
 def run(tree: Tree, plan: Plan) -> Edits:
     edits = Edits()
     if not plan.shape.converts:
         return edits
     for string in tree.find(cst.SimpleString):
-        if never_run(tree.view, string):
-            continue  # an imported module's demo: the project's run never runs it
+        if not _may_spell_cuda(string) or never_run(tree.view, string):
+            continue  # never_run: an imported module's demo, the project's run never runs it
         if string.evaluated_value in CUDA_LITERALS and _names_a_device(tree, string):
             quote = string.quote
             edits.replace(string, snippets.expression(f"f{quote}cuda:{{LOCAL_RANK}}{quote}"))
@@ -97,7 +104,7 @@ def _ids_of_wraps_by_name(tree: Tree) -> set[str]:
     """The device_ids of a DataParallel over a class's nets by name (`parallelize()`)
     that holds trained nets: the wrap pass drops it, the nets are DDP."""
     found = set()
-    for module in getattr(tree.view, "trees", [tree]):
+    for module in tree.trees:
         for wrap in data_parallel_by_name(module):
             ids = find_arg(wrap.call, "device_ids", 1)
             name = dotted(ids.value) if ids is not None else None

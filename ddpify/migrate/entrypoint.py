@@ -84,7 +84,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
 def runs_on_cuda(tree: Tree) -> bool:
     """Whether the script, or any module of its project, puts anything on a GPU (else it
     trains on the CPU everywhere)."""
-    trees = getattr(tree.view, "trees", [tree])
+    trees = tree.trees
     return any(cuda_placement(t.nodes, t.qualify, t.parent) is not None for t in trees)
 
 

@@ -168,7 +168,7 @@ def _why_no_model(tree: Tree, calls: list[cst.Call]) -> str:
 def _in_demo(view, call: cst.Call) -> bool:
     """Whether `call` lies under the `__main__` guard of a module other than the entry."""
     owner = view.owner(call)
-    trees = getattr(view, "trees", [owner])
+    trees = view.trees
     guard = owner.main_guard() if owner is not None else None
     return owner is not trees[0] and guard is not None and owner.inside(call, guard)
 

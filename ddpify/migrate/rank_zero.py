@@ -252,7 +252,7 @@ def _has_buffers(tree: Tree) -> bool:
     buffers), which DDP's forward broadcasts from rank 0 to the others."""
     cache = tree.__dict__.setdefault("_rank_zero_buffers", [])
     if not cache:
-        trees = getattr(tree.view, "trees", [tree])
+        trees = tree.trees
         cache.append(any(word in t.text for t in trees for word in BUFFER_WORDS))
     return cache[0]
 

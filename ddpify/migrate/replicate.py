@@ -60,7 +60,7 @@ def replicated_steps(tree) -> list[UnsplittableStep]:
 def project_replicates(tree) -> bool:
     """Whether any module of the project replicates a step (then, as for split hand-made
     batches, the learning rate stays the original's in every module)."""
-    return any(replicated_steps(t) for t in getattr(tree.view, "trees", [tree]))
+    return any(replicated_steps(t) for t in tree.trees)
 
 
 def replicate(tree, plan, edits: Edits) -> bool:

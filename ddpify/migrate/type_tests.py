@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.names import dotted
-from ddpify.analysis.roles import data_parallel_subclasses, wrapper_receivers
+from ddpify.analysis.roles import data_parallel_subclasses, ddp_wrapper_names, wrapper_receivers
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.wrapper_tests import (
     DDP,
@@ -23,7 +23,7 @@ from ddpify.analysis.wrapper_tests import (
     rewraps_under_ddp,
     skips_unwrap_under_ddp,
 )
-from ddpify.migrate.analyze import Plan, bound_target
+from ddpify.migrate.analyze import Plan
 from ddpify.migrate.edits import Edits
 
 NAME = "wrap"
@@ -75,12 +75,12 @@ def _handed_a_wrapper(tree: Tree, test: DataParallelTest) -> bool:
     """Whether the tested name holds a DDP wrapper, or is a parameter of a function some
     call hands one (a `convert_model` the project only ever gives a plain model is not
     reached by a wrapper, so its DataParallel branch needs no one's attention)."""
-    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)} - {None}
+    names = ddp_wrapper_names(tree)
     tested = dotted(test.tested)
     function = tree.function(test.node)
     if function is None or tested not in [p.name.value for p in function.params.params]:
         return tested in names
-    receivers = wrapper_receivers(tree, names)  # type: ignore[arg-type]
+    receivers = wrapper_receivers(tree, names)
     return tested in receivers.get(function.name.value, ())
 
 

@@ -21,11 +21,11 @@ import libcst as cst
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.named_wraps import fetched_from_self
 from ddpify.analysis.names import ImportMap, dotted
-from ddpify.analysis.roles import mixed_receivers, wrapper_receivers
+from ddpify.analysis.roles import ddp_wrapper_names, mixed_receivers, wrapper_receivers
 from ddpify.analysis.tree import Tree
 from ddpify.analysis.wrappers import DDP, Place, WrapperFacts
 from ddpify.migrate import snippets
-from ddpify.migrate.analyze import Plan, bound_target
+from ddpify.migrate.analyze import Plan
 from ddpify.migrate.edits import Edits
 from ddpify.walk import walk
 
@@ -74,11 +74,11 @@ def _copies_in_receivers(tree: Tree, plan: Plan, edits: Edits) -> None:
     of another module, `ModelEMA(model)`): the copy is of the model, like the state the
     wrap pass already reads through `.module` in such helpers, so the two keep the same
     keys (a copy of the wrapper has `module.` ones and is a DDP wrapper itself)."""
-    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)} - {None}
-    receivers = wrapper_receivers(tree, names)  # type: ignore[arg-type]
+    names = ddp_wrapper_names(tree)
+    receivers = wrapper_receivers(tree, names)
     if not receivers:
         return
-    mixed = mixed_receivers(tree, names)  # type: ignore[arg-type]
+    mixed = mixed_receivers(tree, names)
     for call in tree.calls_to("copy.deepcopy"):
         function = tree.function(call)
         copied = dotted(call.args[0].value) if call.args else None

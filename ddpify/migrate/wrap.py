@@ -25,6 +25,7 @@ from ddpify.analysis.repeated_forwards import forwards_of_several_shapes
 from ddpify.analysis.roles import (
     class_of,
     data_parallel_subclasses,
+    ddp_wrapper_names,
     keyed_collection_owners,
     keys_loop,
     mixed_receivers,
@@ -39,7 +40,7 @@ from ddpify.analysis.roles import (
 from ddpify.analysis.trained import collection_owners, parameter_owners
 from ddpify.analysis.tree import Tree, binds_on_every_branch, mentions
 from ddpify.analysis.values import only_value_in_function
-from ddpify.analysis.wrappers import runs_model_outside_forward
+from ddpify.analysis.wrappers import MODULE_HOUSEKEEPING, runs_model_outside_forward
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import (
     DATA_PARALLEL,
@@ -74,25 +75,9 @@ PREPARES = {
     "insert",
 }
 # What a DDP wrapper answers itself, like the module it wraps.
-MODULE_API = {
+MODULE_API = MODULE_HOUSEKEEPING | {
     "module",
-    "parameters",
-    "named_parameters",
-    "buffers",
-    "named_buffers",
-    "children",
-    "named_children",
-    "modules",
-    "named_modules",
-    "train",
-    "eval",
-    "zero_grad",
-    "to",
-    "cuda",
-    "cpu",
-    "requires_grad_",
     "training",
-    "apply",
     "no_sync",
     "join",
     "forward",
@@ -100,8 +85,6 @@ MODULE_API = {
     "register_forward_pre_hook",
     "register_full_backward_hook",
     "register_comm_hook",
-    "half",
-    "float",
     "type",
 }
 SYNC_BN = """\
@@ -1487,7 +1470,7 @@ def _wrapper_names(tree: Tree, plan: Plan) -> set[str]:
     `model` for `model.encoder = DDP(model.encoder)`: `model` keeps its own `state_dict`."""
     if plan.shape is Shape.SINGLE:
         return trained_model_names(tree)
-    names = {bound_target(tree, call) for call in tree.view.calls_to(DDP)}
+    names: set[str | None] = set(ddp_wrapper_names(tree))
     if plan.shape is Shape.DATA_PARALLEL:
         for call in tree.view.calls_to(DATA_PARALLEL):
             target = bound_target(tree, call)
