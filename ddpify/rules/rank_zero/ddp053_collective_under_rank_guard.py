@@ -65,6 +65,9 @@ class CollectiveUnderRankGuard(RankZeroRule):
             for c in self.collectives
             if c.name and non_zero_guarded(c.ancestors)
         }
+        # Collectives some rank other than 0 waits at on purpose, anywhere in the file: the
+        # chains through helpers below are judged only without them.
+        waiting = {name for _, name in matched}
         for collective in self.collectives:
             if (_function_of(collective), collective.name) in matched:
                 continue
@@ -76,6 +79,8 @@ class CollectiveUnderRankGuard(RankZeroRule):
                     if parameter is None:
                         continue
             resolution = self.facts.resolve(collective.ancestors, launcher_counts=False)
+            if resolution.known and resolution.scope is None and collective.name:
+                self._check_rank_zero_chain(collective, waiting)
             if not resolution.known or resolution.scope is None:
                 continue
             if handed_to is not None:
@@ -129,6 +134,28 @@ class CollectiveUnderRankGuard(RankZeroRule):
             ):
                 return arg.value
         return None
+
+    def _check_rank_zero_chain(self, collective: _Collective, waiting: set) -> None:
+        """A collective in a helper that every rank calls, which rank 0 alone also reaches
+        through a chain of calls under a rank-0 guard (`if rank == 0: write_index()`, and
+        `write_index()` calls the helper): on that path the others never join it."""
+        if collective.name in waiting:
+            return
+        chain = self.facts.rank_zero_path(collective.ancestors)
+        if not chain:
+            return
+        # `if rank == 0: sync() else: sync()`: the other ranks call it on their side.
+        sites = (site for name in chain for site in self.facts.sites.get(name, ()))
+        if any(non_zero_guarded(site.ancestors) for site in sites):
+            return
+        shown = self.context.code(collective.call.func)
+        via = " -> ".join(f"`{name}()`" for name in chain)
+        message = (
+            f"`{shown}` in `{chain[-1]}()` also runs on rank 0 alone: `{chain[0]}()` is "
+            f"called under a rank-0 guard and reaches it ({via}), and there the other ranks "
+            "never join it and the job hangs; keep collectives out of what rank 0 runs alone"
+        )
+        self.report(collective.call, message)
 
     def _forward_of_parameter(self, collective: _Collective) -> str | None:
         """`model(x)` (`model.forward(x)`) where `model` is a parameter of the module-level
