@@ -982,3 +982,101 @@ def test_a_process_group_initialised_by_a_helper_of_another_module(
     train.write_text(ENTRY.format(imported=imported, ending=ending))
     report = check_paths([str(train)], select_rules(["DDP002"]))
     assert [d.location.row for d in report.diagnostics] == expected
+
+
+EVALUATION = """\
+import torch
+import torch.distributed as dist
+
+
+def evaluate(net, batches):
+    if dist.get_rank() != 0:
+        return None
+{unwrap}    with torch.no_grad():
+        return sum(net(x).mean().item() for x in batches)
+"""
+
+EVALUATING_ENTRY = """\
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from evaluation import evaluate
+
+
+def main():
+    dist.init_process_group("nccl")
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).cuda()
+    {wrap}
+    batches = [torch.randn(8, 4, device="cuda")]
+    print(evaluate(model, batches))
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("wrap", "unwrap", "expected"),
+    [
+        ("model = DDP(model)", "", [9]),  # the entry hands the wrapper to rank 0's forward
+        ("model = DDP(model)", "    net = net.module\n", []),  # unwrapped first
+        # compiled after the wrap, through an alias: the compiled forward is DDP's
+        ("model = DDP(model)\n    bare = model\n    model = torch.compile(bare)", "", [9]),
+        ("model = DDP(model, broadcast_buffers=False)", "", []),  # no collective in forward
+        ("model = model.half()", "", []),  # never wrapped
+    ],
+)
+def test_a_rank_zero_function_given_the_wrapper_by_another_module(tmp_path, wrap, unwrap, expected):
+    # `evaluate()` runs on rank 0 only (it returns early on the others) and calls the
+    # model it gets; the module importing it passes the DDP wrapper.
+    (tmp_path / "evaluation.py").write_text(EVALUATION.format(unwrap=unwrap))
+    (tmp_path / "train.py").write_text(EVALUATING_ENTRY.format(wrap=wrap))
+    report = check_paths([str(tmp_path / "evaluation.py")], select_rules(["DDP053"]))
+    assert [d.location.row for d in report.diagnostics] == expected
+
+
+LOSSES = """\
+def sequence_scores(model, ids):
+    return token_scores(model, ids).sum(-1)
+
+
+def token_scores(model, ids):
+    return model(ids)
+"""
+
+SCORING_ENTRY = """\
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from losses import sequence_scores
+
+
+def final_eval(policy, ids):
+    with torch.no_grad():
+        return sequence_scores(policy, ids).mean().item()
+
+
+def main():
+    dist.init_process_group("nccl")
+    policy = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).cuda())
+    ids = torch.randn(8, 4, device="cuda")
+    if dist.get_rank() == 0:
+        print(final_eval({passed}, ids))
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize(("passed", "expected"), [("policy", [19]), ("policy.module", [])])
+def test_a_wrapper_handed_to_a_helper_that_runs_it_in_another_module(tmp_path, passed, expected):
+    # rank 0 hands the wrapper to `final_eval`, which hands it to a local module's
+    # helper, which hands it to another that runs its forward.
+    (tmp_path / "losses.py").write_text(LOSSES)
+    (tmp_path / "train.py").write_text(SCORING_ENTRY.format(passed=passed))
+    report = check_paths([str(tmp_path / "train.py")], select_rules(["DDP053"]))
+    assert [d.location.row for d in report.diagnostics] == expected

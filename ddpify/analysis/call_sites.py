@@ -20,6 +20,7 @@ from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap, dotted, find_arg
 from ddpify.analysis.training import parameter_index
 from ddpify.analysis.values import per_process_source
+from ddpify.analysis.wrappers import collect_with_calls
 from ddpify.walk import children, walk
 
 
@@ -117,6 +118,47 @@ def constructor_arguments(
                 return None
             found.append((model, arg.value))
     return found
+
+
+@dataclass(frozen=True)
+class WrapperArgument:
+    """A call site that hands a function's parameter the DDP wrapper."""
+
+    path: Path  # the calling module
+    call: cst.Call
+    wrap: cst.BaseExpression  # the value the argument's name was last assigned: `DDP(m)`
+
+
+def wrapper_arguments(
+    function: cst.FunctionDef,
+    parameter: str,
+    helper: Path,
+    importers: Sequence[tuple[Path, cst.Module, ImportMap]],
+) -> Iterator[WrapperArgument]:
+    """The calls of `function` (module-level in `helper`), in the modules that import
+    `helper`, whose argument for `parameter` is a name holding a DDP wrapper there: its
+    latest assignment before the call, in source order, wraps a model (`model =
+    DDP(model, ...)` in `main()`, then `evaluate(model, ...)`), as the rank-0 rules read
+    a name, or is an alias or `torch.compile` of one."""
+    stem = helper.parent.name if helper.name == "__init__.py" else helper.stem
+    suffix = f"{stem}.{function.name.value}"
+    position = parameter_index(function, parameter)[0]
+    for path, module, imports in importers:
+
+        def named(call: cst.Call, imports: ImportMap = imports) -> bool:
+            qualified = imports.qualify_local(call.func) or ""
+            return qualified == suffix or qualified.endswith(f".{suffix}")
+
+        if not any(named(call) for call, _ in _calls(module, imports, suffix)):
+            continue
+        facts, calls = collect_with_calls(module, named)
+        for call, place in calls:
+            arg = find_arg(call, parameter, position)
+            if arg is None or arg.star:
+                continue
+            binding = facts.forwarding_wrapper_binding(arg.value, place)
+            if binding is not None:
+                yield WrapperArgument(path, call, binding.value)
 
 
 def _passed(

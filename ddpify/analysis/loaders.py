@@ -294,7 +294,7 @@ class LoaderFacts:
             self.loaders.append(loader)
             self._loader_by_call[node] = loader
             return
-        if self._latest_call_to(DISTRIBUTED_SAMPLER, node):
+        if self._latest_call_to(DISTRIBUTED_SAMPLER, node) or self._chosen_sampler_class(node):
             sampler = SamplerCall(
                 node, _assigned_name(ancestors), self._inline_in(ancestors), self._where(ancestors)
             )
@@ -307,6 +307,23 @@ class LoaderFacts:
                 self.set_epoch_mentions.append(node)
         if any(isinstance(arg.value, (cst.Name, cst.Attribute)) for arg in node.args):
             self._calls_with_names.append(node)
+
+    def _chosen_sampler_class(self, node: cst.Call) -> bool:
+        """`Sampler(ds)` where the script bound `Sampler` to the DistributedSampler class,
+        alone or as a branch (`Sampler = RandomSampler if args.local_rank == -1 else
+        DistributedSampler`): in distributed runs the call builds a DistributedSampler."""
+        if type(node.func) is not cst.Name:
+            return False
+        return any(
+            self._names_distributed_sampler(value)
+            for value in self.model.bindings.get(node.func.value, ())
+        )
+
+    def _names_distributed_sampler(self, value: cst.BaseExpression) -> bool:
+        if type(value) is cst.IfExp:
+            branches = (value.body, value.orelse)
+            return any(self._names_distributed_sampler(branch) for branch in branches)
+        return self.model.imports.qualify(value) == DISTRIBUTED_SAMPLER
 
     def _latest_call_to(self, name: str, node: cst.Call) -> bool:
         calls = self.model.calls.get(name)

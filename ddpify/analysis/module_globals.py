@@ -5,9 +5,14 @@ flat script's `def train(epoch)` iterates the global `trainloader` and steps the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import libcst as cst
 
 from ddpify.analysis.accumulation import assigned_names
+from ddpify.analysis.names import ImportMap
+from ddpify.analysis.project import LocalFunctions
 from ddpify.analysis.training import own_nodes
 from ddpify.analysis.tree import Tree
 from ddpify.walk import walk
@@ -98,7 +103,7 @@ def functions_run_after(tree: Tree, statement: cst.CSTNode) -> set[str]:
 
 
 # How many helpers deep a parameter is followed (`evaluate(net)` -> `_losses(net, batch)`).
-MAX_HAND_ON = 3
+MAX_HAND_ON = 6
 
 
 def parameter_for(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> str | None:
@@ -120,27 +125,78 @@ def parameter_for(function: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> st
     return slots[index].name.value if index < len(slots) else None
 
 
-def runs_parameter(tree: Tree, function: cst.FunctionDef, name: str, depth: int = 0) -> bool:
+# What a call inside a function reaches: the function it runs and how to resolve the
+# calls inside that one (each module resolves names its own way); None when unknown.
+Callee = Callable[[cst.Call], "tuple[cst.FunctionDef, Callee] | None"]
+
+
+def own_functions_callee(tree: Tree) -> Callee:
+    """Plain-name calls of the module's own top-level functions (`evaluate(net)`)."""
+    functions = module_functions(tree)
+
+    def callee(call: cst.Call) -> tuple[cst.FunctionDef, Callee] | None:
+        found = functions.get(call.func.value) if type(call.func) is cst.Name else None
+        return (found, callee) if found is not None else None
+
+    return callee
+
+
+def project_callee(tree: Tree, imports: ImportMap, local: LocalFunctions) -> Callee:
+    """The module's own top-level functions, else a function of a local module the call
+    names through an import (`sequence_logprobs(model, ...)` from `rollout`); inside such
+    a module, the plain-name calls of what it defines or imports from a local module."""
+    own = own_functions_callee(tree)
+
+    def in_module(path: Path) -> Callee:
+        def callee(call: cst.Call) -> tuple[cst.FunctionDef, Callee] | None:
+            if type(call.func) is not cst.Name:
+                return None
+            found = local.function_in(path, call.func.value)
+            return (found.node, in_module(found.path)) if found is not None else None
+
+        return callee
+
+    def callee(call: cst.Call) -> tuple[cst.FunctionDef, Callee] | None:
+        found = own(call)
+        if found is not None:
+            return found[0], callee
+        qualified = imports.qualify_local(call.func)
+        helper = local.function(qualified) if qualified is not None else None
+        return (helper.node, in_module(helper.path)) if helper is not None else None
+
+    return callee
+
+
+def runs_parameter(
+    tree: Tree,
+    function: cst.FunctionDef,
+    name: str,
+    depth: int = 0,
+    callee: Callee | None = None,
+) -> bool:
     """Whether `function` calls what its caller passed as `name` (`name(x)`,
-    `name.forward(x)`), itself or through a top-level function of the module it hands
-    `name` on to. A function that rebinds `name` (`net = net.module`) runs something
-    else, and `name.module(x)` is not a call of `name`."""
+    `name.forward(x)`), itself or through a function it hands `name` on to (by default
+    a top-level function of the module; `callee` resolves others). A function that
+    rebinds `name` (`net = net.module`) runs something else, and `name.module(x)` is not
+    a call of `name`."""
     if depth > MAX_HAND_ON or name in assigned_names(function.body):
         return False
-    functions = module_functions(tree)
+    if callee is None:
+        callee = own_functions_callee(tree)
     for node in own_nodes(function.body):
         if type(node) is not cst.Call:
             continue
         if _calls_name(node.func, name):
             return True
-        helper = functions.get(node.func.value) if type(node.func) is cst.Name else None
-        if helper is None or helper is function:
+        found = callee(node)
+        if found is None or found[0] is function:
             continue
+        helper, inner = found
         for arg in node.args:
             if type(arg.value) is not cst.Name or arg.value.value != name:
                 continue
             param = parameter_for(helper, node, arg)
-            if param is not None and runs_parameter(tree, helper, param, depth + 1):
+            if param is not None and runs_parameter(tree, helper, param, depth + 1, inner):
                 return True
     return False
 

@@ -91,6 +91,8 @@ READS_MODEL_ATTRIBUTES = {
 MODULE_METHODS = frozenset(
     {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "train", "eval", "type"}
 )
+# How many aliases or compiles `forwarding_wrapper_binding` follows back to a wrap.
+MAX_ALIASES = 3
 _BRANCHING = (cst.If, cst.Else, cst.Try, cst.ExceptHandler, cst.Match, cst.IfExp)
 
 
@@ -262,6 +264,28 @@ class WrapperFacts:
         if binding is None or not self.returns_wrapper(binding.value):
             return None
         return binding
+
+    def forwarding_wrapper_binding(
+        self, expr: cst.BaseExpression, place: Place, depth: int = 0
+    ) -> Binding | None:
+        """The wrap whose forward `expr` runs at `place`: `wrapper_binding`'s, else one
+        reached through an alias (`original_model = model`) or `torch.compile(model)`,
+        whose forward is the wrapper's (`model = torch.compile(original_model)` after
+        `model = DDP(model)`), a few assignments deep."""
+        found = self.wrapper_binding(expr, place)
+        name = dotted(expr)
+        if found is not None or name is None or depth >= MAX_ALIASES:
+            return found
+        binding = self.assignment_before(name, place)
+        if binding is None:
+            return None
+        value: cst.BaseExpression | None = binding.value
+        if type(value) is cst.Call and self.imports.qualify(value.func) == "torch.compile":
+            arg = find_arg(value, "model", 0)
+            value = arg.value if arg is not None and not arg.star else None
+        if value is None or dotted(value) is None:
+            return None
+        return self.forwarding_wrapper_binding(value, binding.place, depth + 1)
 
     def returns_wrapper(self, value: cst.BaseExpression) -> bool:
         """`DDP(m)`, `DDP(m).to(d)`, either branch of `x if c else y`, or with
@@ -622,15 +646,26 @@ def always_wrapped_in(model: ScriptModel, name: str) -> bool:
 
 def collect(module: cst.Module) -> WrapperFacts:
     """Wrapper facts of `module`, from a traversal of its own (outside the lint engine)."""
+    return collect_with_calls(module, lambda call: False)[0]
+
+
+def collect_with_calls(
+    module: cst.Module, wanted: Callable[[cst.Call], bool]
+) -> tuple[WrapperFacts, list[tuple[cst.Call, Place]]]:
+    """`collect`, plus the place of every call `wanted` keeps: what a name holds there
+    (`wrapper_binding`) can then be asked of another module of the project."""
     imports = ImportMap()
     facts = WrapperFacts(imports)
     model = ScriptModel(imports)
     ancestors: list[cst.CSTNode] = []
+    calls: list[tuple[cst.Call, Place]] = []
 
     def enter(node: cst.CSTNode) -> None:
         ancestors.append(node)
         model.visit(node)  # keeps the import map current
         facts.visit(node, ancestors)
+        if type(node) is cst.Call and wanted(node):
+            calls.append((node, Place(tuple(ancestors), facts.seq)))
 
     walk(module, enter, lambda node: ancestors.pop())
-    return facts
+    return facts, calls

@@ -113,7 +113,8 @@ class LoadWithoutMapLocation(DistributedRule):
     def leave_Module(self, node: cst.Module) -> None:
         if not self.is_distributed() and self.model.framework is None and self.helper_loads:
             self._report_helper_loads()
-        if not self.is_distributed() or not self._uses_cuda():
+        framework = self.model.framework
+        if not (self.is_distributed() or framework) or not self._uses_cuda():
             return
         for call, into_state_dict in self.loads:
             shown = self.context.code(call)
@@ -124,10 +125,22 @@ class LoadWithoutMapLocation(DistributedRule):
                 ((call, _with_cpu_map_location(call)),),
                 Applicability.SAFE if into_state_dict else Applicability.UNSAFE,
             )
+            if self.is_distributed():
+                self.report(
+                    call,
+                    f"`{shown}` has no `map_location`, so every rank restores the tensors onto "
+                    'the GPU that saved them, usually GPU 0; pass `map_location="cpu"`',
+                    fix=fix,
+                )
+                continue
+            # A framework's launcher starts one process per GPU, but the script may as well
+            # run as one process: the framework leaves `torch.load` as it is either way.
             self.report(
                 call,
-                f"`{shown}` has no `map_location`, so every rank restores the tensors onto the "
-                'GPU that saved them, usually GPU 0; pass `map_location="cpu"`',
+                f"`{shown}` has no `map_location`: when {framework} runs this script as one "
+                "process per GPU, every process restores the tensors onto the GPU that saved "
+                'them, usually GPU 0; pass `map_location="cpu"`',
+                severity=Severity.INFO,
                 fix=fix,
             )
 

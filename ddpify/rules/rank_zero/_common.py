@@ -26,7 +26,8 @@ from ddpify.analysis.guards import (
     excludes_rank_zero,
     rank_zero_scope,
 )
-from ddpify.analysis.names import dotted
+from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.training import parameter_index
 from ddpify.analysis.wrappers import Binding as WrapperBinding
 from ddpify.rules.base import Rule
 from ddpify.walk import children, is_kind
@@ -168,6 +169,8 @@ class Resolution:
 
 
 UNKNOWN = Resolution(None, known=False)
+# How many functions deep `rank_zero_path` follows call sites.
+MAX_CALL_CHAIN = 4
 EVERY_RANK = Resolution(None)
 # A call site inside the helper itself (recursion, or `self.optimizer.step()` inside a
 # method named `step`): it says nothing about where the helper runs.
@@ -337,6 +340,32 @@ class RankZeroFacts:
         self._resolved[key] = resolution
         return resolution
 
+    def rank_zero_path(self, ancestors: Ancestors, depth: int = 0) -> tuple[str, ...] | None:
+        """Some chain of calls that reaches the node at the end of `ancestors` on rank 0
+        only, when `resolve` says it runs on every rank because another chain does: the
+        module functions called, outermost first (`("write_json", "get_repo_root")` when
+        `if rank == 0: write_json()` and `write_json` calls `get_repo_root`, which holds
+        the node); () when the node itself is guarded; None when no chain is guarded.
+        Methods are not followed (their receivers are not told apart)."""
+        if rank_zero_scope(ancestors) or self._flag_guard_scope(ancestors):
+            return ()
+        function = innermost(ancestors, cst.FunctionDef)
+        if type(function) is not cst.FunctionDef or depth >= MAX_CALL_CHAIN:
+            return None
+        index = ancestors.index(function)
+        if index > 1 and isinstance(ancestors[index - 2], cst.ClassDef):
+            return None
+        name = function.name.value
+        for site in self._sites_of(name, False, None):
+            if site.every_rank or function in site.ancestors:
+                continue  # a worker's entry, or a recursive call
+            if _branch_closed_by(site.ancestors[-1], function, ancestors):
+                continue
+            found = self.rank_zero_path(site.ancestors, depth + 1)
+            if found is not None:
+                return (*found, name)
+        return None
+
     def _sites_of(self, name: str, is_method: bool, cls: cst.CSTNode | None) -> list[Site]:
         if not is_method:
             return self.sites.get(name, [])
@@ -405,6 +434,29 @@ def _conjuncts(test: cst.BaseExpression) -> Iterator[str]:
     name = dotted(test)
     if name is not None:
         yield name
+
+
+def _branch_closed_by(call: cst.CSTNode, function: cst.FunctionDef, ancestors: Ancestors) -> bool:
+    """Whether `call` of `function` passes a literal False (None, 0) for the parameter an
+    `if flag:` around the node tests (`get_root(name, False)` with the barrier under
+    `if download:`): on that call the node never runs."""
+    if type(call) is not cst.Call:
+        return False
+    inner = ancestors[ancestors.index(function) + 1 :]
+    for node, child in zip(inner, inner[1:]):
+        if type(node) is not cst.If or child is not node.body or type(node.test) is not cst.Name:
+            continue
+        position, is_parameter = parameter_index(function, node.test.value)
+        arg = find_arg(call, node.test.value, position) if is_parameter else None
+        if arg is not None and not arg.star and _is_falsy_literal(arg.value):
+            return True
+    return False
+
+
+def _is_falsy_literal(value: cst.BaseExpression) -> bool:
+    if type(value) is cst.Name:
+        return value.value in ("False", "None")
+    return type(value) is cst.Integer and value.value == "0"
 
 
 def _weakest(results: Iterable[Resolution], helper: str) -> Resolution:

@@ -37,6 +37,7 @@ from ddpify.analysis.training import (
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.rank_zero._common import mentions_rank
+from ddpify.walk import children
 
 _LOG_CALLS = {
     "print",
@@ -126,14 +127,17 @@ class UnreducedMetrics(Rule):
         iterated = iterated_names(loop.node, self.context.tree)
         over = sorted(iterated & loaders)
         function = loop.function()
+        losses_only = False
         if not over and not (function and iterated & _parameters(function)):
             # `for _ in range(n): x, y = val_loader.next_batch()`: batches drawn by hand.
             over = _drawn_from(loop.node, loaders)
             if not over:
                 return None  # cheap tests first: most loops run over `range(epochs)`
-            if not _is_evaluation(loop, over[0]):
-                return None  # a training loop's own sums are timings and counters too
+            # A training loop's own sums are timings and counters too: only its losses.
+            losses_only = not _is_evaluation(loop, over[0])
         accumulators = _accumulators(loop.node)
+        if losses_only:
+            accumulators = [name for name in accumulators if _adds_a_loss(loop.node, name)]
         if not accumulators:
             return None
         if not over:
@@ -253,6 +257,25 @@ def _accumulators(loop: cst.For) -> list[str]:
                     name = None  # `pbar.update(1)` counts batches, not a metric
         if name is not None and name not in found:
             found.append(name)
+    return found
+
+
+def _adds_a_loss(loop: cst.For, name: str) -> bool:
+    """`lossf += loss.item()`: the loop adds a loss (a name that says so) to `name`."""
+    for node in own_nodes(loop.body):
+        if type(node) is cst.AugAssign and _accumulated(node.target) == name:
+            if any("loss" in n.value.lower() for n in _names_in(node.value)):
+                return True
+    return False
+
+
+def _names_in(expr: cst.CSTNode) -> list[cst.Name]:
+    found, stack = [], [expr]
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.Name:
+            found.append(node)
+        stack.extend(children(node))
     return found
 
 
