@@ -1658,6 +1658,35 @@ def project_batch_couplings(script: str, files: ProjectFiles | None = None) -> d
     return found
 
 
+def setting_sizes_per_process(source: bytes, world: int) -> bytes:
+    """The script with each read of its training loader's batch-size setting that sizes a
+    tensor in a training loop (ddpify.analysis.batch_coupling.setting_sized_tensors) divided
+    by `world`: the per-rank reference under the global batch policy deals each process
+    `setting // world` rows, and the original run as DDP can only size its step's tensors
+    for the rows it gets (the conversion does the same). Unchanged when there is none."""
+    import libcst as cst
+
+    from ddpify.analysis.batch_coupling import setting_sized_tensors
+    from ddpify.analysis.tree import Tree
+
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        return source
+    reads = {id(node) for node in setting_sized_tensors(Tree(module))}
+    if not reads:
+        return source
+
+    class PerProcess(cst.CSTTransformer):
+        def on_leave(self, original, updated):
+            if id(original) not in reads:
+                return updated
+            code = module.code_for_node(original)
+            return cst.parse_expression(f"({code} // {world})")
+
+    return module.visit(PerProcess()).code.encode(module.encoding)
+
+
 def mentions_hand_split(path: str) -> bool:
     """Whether a `# ddpify:` comment of the file says the migration split hand-made batches
     by rank (HAND_SPLIT_MARKER, the note `ddpify migrate` writes above the split)."""
@@ -1702,9 +1731,11 @@ def die_with_parent() -> None:
         pass
 
 
-def run_script(path: str, argv: list[str], display_path: str) -> None:
+def run_script(path: str, argv: list[str], display_path: str, transform=None) -> None:
     with open(path, "rb") as handle:
         source = handle.read()
+    if transform is not None:
+        source = transform(source)
     code = compile(source, display_path, "exec")
     module = types.ModuleType("__main__")
     module.__file__ = display_path
@@ -1730,9 +1761,19 @@ def main() -> int:
     if probe.role == "converted" and probe.world > 1:
         for flag, where in project_batch_couplings(script, files).items():
             probe.flag(flag, where)
+    transform = None
+    if probe.role == "reference" and config.get("batch_policy") == "global":
+        world = probe.world
+
+        def transform(source: bytes) -> bytes:
+            changed = setting_sizes_per_process(source, world)
+            if changed != source:
+                probe.flag("per_process_setting", world)
+            return changed
+
     probe.install()
     try:
-        run_script(script, argv, config.get("display_path") or script)
+        run_script(script, argv, config.get("display_path") or script, transform)
     except StopRun:
         return 0
     except SystemExit as exc:
