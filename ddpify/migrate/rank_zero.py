@@ -31,6 +31,9 @@ WRITER_CLASSES = ("SummaryWriter",)
 WANDB = {"init", "log", "finish", "save", "watch", "log_artifact"}
 BUFFER_WORDS = ("BatchNorm", "register_buffer", "running_mean")
 RANK_CONSTANT = 'RANK = int(os.environ.get("RANK", "0"))\n'
+# Progress lines written straight to the terminal (`sys.stdout.write("\r[Epoch %d] ...")`):
+# logs like print. Not stderr: a warning or an error there may be any rank's own.
+STDOUT_WRITES = ("sys.stdout.write",)
 # Calls that write a file of their own: every rank would write the same path (a sample grid
 # a GAN writes each few hundred steps: N writers to one image).
 FILE_WRITERS = (
@@ -182,7 +185,7 @@ def _side_effects(tree: Tree, writers: set[str]) -> list[cst.BaseStatement]:
 def _kind(tree: Tree, call: cst.Call, writers: set[str]) -> str | None:
     name = dotted(call.func) or ""
     qualified = tree.qualify(call.func) or ""
-    if name == "print":
+    if name == "print" or qualified in STDOUT_WRITES:
         return "print"
     if qualified in FILE_WRITERS:
         return "save"
