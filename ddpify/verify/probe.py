@@ -1658,12 +1658,15 @@ def project_batch_couplings(script: str, files: ProjectFiles | None = None) -> d
     return found
 
 
-def setting_sizes_per_process(source: bytes, world: int) -> bytes:
+def setting_sizes_scaled(source: bytes, scale: str) -> bytes:
     """The script with each read of its training loader's batch-size setting that sizes a
-    tensor in a training loop (ddpify.analysis.batch_coupling.setting_sized_tensors) divided
-    by `world`: the per-rank reference under the global batch policy deals each process
-    `setting // world` rows, and the original run as DDP can only size its step's tensors
-    for the rows it gets (the conversion does the same). Unchanged when there is none."""
+    tensor in a training loop (ddpify.analysis.batch_coupling.setting_sized_tensors) scaled
+    as the probe scales that loader's batch (`scale`: `// 2`, `* 2`), so the step sizes its
+    tensors for the rows it gets, as the script would with that batch size set:
+    - the per-rank reference under the global batch policy deals each process
+      `setting // N` rows (the conversion sizes them so too);
+    - the one-process original under the per-rank policy takes `setting * N` rows.
+    Unchanged when there is none."""
     import libcst as cst
 
     from ddpify.analysis.batch_coupling import setting_sized_tensors
@@ -1682,7 +1685,7 @@ def setting_sizes_per_process(source: bytes, world: int) -> bytes:
             if id(original) not in reads:
                 return updated
             code = module.code_for_node(original)
-            return cst.parse_expression(f"({code} // {world})")
+            return cst.parse_expression(f"({code} {scale})")
 
     return module.visit(PerProcess()).code.encode(module.encoding)
 
@@ -1731,6 +1734,18 @@ def die_with_parent() -> None:
         pass
 
 
+def setting_scale(role: str, policy: str | None, world: int, nproc) -> str | None:
+    """How the probe scales the batch a training loader yields, where it does, as text to
+    append to a batch-size setting (setting_sizes_scaled): the per-rank reference under the
+    global policy divides it by the processes, the one-process original under the per-rank
+    policy multiplies it by them."""
+    if role == "reference" and policy == "global" and world > 1:
+        return f"// {world}"
+    if role == "original" and policy == "per-rank" and int(nproc) > 1:
+        return f"* {int(nproc)}"
+    return None
+
+
 def run_script(path: str, argv: list[str], display_path: str, transform=None) -> None:
     with open(path, "rb") as handle:
         source = handle.read()
@@ -1762,13 +1777,14 @@ def main() -> int:
         for flag, where in project_batch_couplings(script, files).items():
             probe.flag(flag, where)
     transform = None
-    if probe.role == "reference" and config.get("batch_policy") == "global":
-        world = probe.world
+    policy, nproc = config.get("batch_policy"), config.get("nproc") or 1
+    scale = setting_scale(probe.role, policy, probe.world, nproc)
+    if scale is not None:
 
         def transform(source: bytes) -> bytes:
-            changed = setting_sizes_per_process(source, world)
+            changed = setting_sizes_scaled(source, scale)
             if changed != source:
-                probe.flag("per_process_setting", world)
+                probe.flag("scaled_setting", scale)
             return changed
 
     probe.install()
