@@ -9,9 +9,14 @@ import textwrap
 import libcst as cst
 import pytest
 
-from ddpify.analysis.batch_coupling import batch_comparisons, setting_groupings
+from ddpify.analysis.batch_coupling import (
+    batch_comparisons,
+    setting_groupings,
+    setting_sized_tensors,
+)
 from ddpify.analysis.tree import Tree
 from ddpify.migrate import migrate_source
+from ddpify.migrate.analyze import Options
 
 
 def comparisons(body: str) -> list[str]:
@@ -250,3 +255,90 @@ def test_attention_over_a_reshape_by_heads_is_not_a_grouping_by_setting():
         return torch.bmm(q, k.transpose(1, 2))
     """
     assert groupings(body) == []
+
+
+# A CLIP-style step that sizes its targets and its halves by the loader's batch-size setting.
+SETTING_SIZED = """
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def step(model, optimizer, x, y, batch_size):
+    z = F.normalize(model(torch.cat([x, y])), dim=1)
+    logits = z[:batch_size] @ z[batch_size:].T
+    targets = torch.arange(batch_size)
+    loss = F.cross_entropy(logits, targets)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args()
+    data = TensorDataset(torch.randn(64, 10), torch.randn(64, 10))
+    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    model = nn.Linear(10, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = 0
+    for x, y in loader:
+        mask = torch.ones(args.batch_size)
+        seen += args.batch_size
+        step(model, optimizer, x * mask[:, None], y, args.batch_size)
+    print(seen)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def setting_sized(source: str) -> list[str]:
+    tree = Tree(cst.parse_module(source))
+    return [tree.code(tree.statement(node)).strip() for node in setting_sized_tensors(tree)]
+
+
+def test_tensors_sized_by_the_loaders_batch_setting_are_found():
+    assert setting_sized(SETTING_SIZED) == [
+        "logits = z[:batch_size] @ z[batch_size:].T",
+        "logits = z[:batch_size] @ z[batch_size:].T",
+        "targets = torch.arange(batch_size)",
+        "mask = torch.ones(args.batch_size)",
+    ]
+
+
+def test_a_helper_parameter_is_the_setting_only_where_every_call_passes_it():
+    other = SETTING_SIZED.replace("    print(seen)\n", "    step(model, optimizer, x, y, 4)\n")
+    assert setting_sized(other) == ["mask = torch.ones(args.batch_size)"]
+
+
+def test_a_count_or_a_setting_other_than_the_loaders_is_not_a_size():
+    found = setting_sized(SETTING_SIZED)
+    assert "seen += args.batch_size" not in found
+    other = SETTING_SIZED.replace("torch.ones(args.batch_size)", "torch.ones(args.eval_batch_size)")
+    assert "mask = torch.ones(args.eval_batch_size)" not in setting_sized(other)
+
+
+def test_global_policy_sizes_the_step_by_the_per_process_batch():
+    source = SETTING_SIZED
+    result = migrate_source(source, "train_clip.py", Options(batch_policy="global"))
+    assert result.migrated, result.reason
+    assert "mask = torch.ones((args.batch_size // WORLD_SIZE))" in result.output
+    assert "seen += args.batch_size\n" in result.output  # a count, not a size: unchanged
+    assert "targets = torch.arange((batch_size // WORLD_SIZE))" in result.output
+    changes = [c for c in result.changes if "sizes a tensor by the batch-size" in c.description]
+    lines = [result.output.splitlines()[c.line - 1].strip() for c in changes]
+    assert lines == [
+        "logits = z[:(batch_size // WORLD_SIZE)] @ z[(batch_size // WORLD_SIZE):].T",
+        "targets = torch.arange((batch_size // WORLD_SIZE))",
+        "mask = torch.ones((args.batch_size // WORLD_SIZE))",
+    ]
+    # the per-rank policy keeps the setting: each process's loader yields that many rows
+    per_rank = migrate_source(source, "train_clip.py", Options(batch_policy="per-rank"))
+    assert "mask = torch.ones(args.batch_size)" in per_rank.output

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.accumulation import assigned_names
 from ddpify.analysis.frozen import loop_targets
-from ddpify.analysis.names import find_arg, method_name
+from ddpify.analysis.module_globals import parameter_for
+from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.reachability import never_run
-from ddpify.analysis.roles import training_loops
+from ddpify.analysis.roles import train_loaders, training_loops
 from ddpify.walk import walk
 
 MATRIX_PRODUCTS = ("torch.matmul", "torch.mm")
@@ -269,3 +271,125 @@ def _is_batch_size_setting(expr: cst.BaseExpression, locals_bound: set[str]) -> 
         if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString):
             return str(key.value.evaluated_value).lower().endswith("batch_size")
     return False
+
+
+# Calls whose arguments give a tensor's shape: `torch.eye(2 * bs)`, `torch.arange(bs)`.
+SIZED_FACTORIES = frozenset(
+    {
+        "torch.eye",
+        "torch.arange",
+        "torch.zeros",
+        "torch.ones",
+        "torch.full",
+        "torch.empty",
+        "torch.randn",
+        "torch.rand",
+        "torch.randperm",
+    }
+)
+# Methods whose arguments give the result's shape: `x.view(bs, -1)`, `x.new_zeros(bs)`.
+SIZED_METHODS = frozenset(
+    {*RESHAPES, "expand", "repeat", "new_zeros", "new_ones", "new_full", "new_empty"}
+)
+# What may stand between a setting and the call or slice it sizes: `2 * bs`, `(bs, -1)`.
+SIZE_ARITHMETIC = (
+    cst.BinaryOperation,
+    cst.UnaryOperation,
+    cst.Arg,
+    cst.Element,
+    cst.Tuple,
+    cst.List,
+)
+
+
+def setting_sized_tensors(tree) -> list[cst.BaseExpression]:
+    """Reads of the training loader's batch-size setting that size a tensor in a training
+    step of this module: `torch.eye(2 * args.batch_size)`, `out.view(batch_size, -1)`,
+    `labels = torch.arange(batch_size)`, `z[:batch_size]`, where the loader was built
+    here with `batch_size=args.batch_size` and `batch_size` is `args.batch_size` itself or
+    a parameter every call of the step function binds to it. The step: a training loop's
+    body, and the module's functions that loop calls by name (a loss helper).
+
+    The shape follows the configuration, not the batch the loader made: whoever divides the
+    loader's batch (migrate's global batch policy, `batch_size // WORLD_SIZE`) and not the
+    setting sizes these tensors for rows the step no longer gets. Returned in source order,
+    the read itself (`args.batch_size`, or the parameter's name)."""
+    settings = _loader_settings(tree)
+    if not settings:
+        return []
+    found: dict[int, cst.BaseExpression] = {}
+    for body, function in _step_bodies(tree):
+        params = _parameters_bound_to(tree, function, settings) if function else set()
+        for node in tree.within(body):
+            if _reads_setting(tree, node, settings, params) and _sizes_a_tensor(tree, node):
+                found[id(node)] = node
+    return sorted(found.values(), key=lambda node: tree.order.get(node, 0))
+
+
+def _step_bodies(tree) -> list[tuple[cst.CSTNode, cst.FunctionDef | None]]:
+    """The bodies of the training loops of this module (with the function around each), and
+    of the module's functions a training loop calls by name."""
+    functions = tree.functions()
+    bodies: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = []
+    for loop in training_loops(tree):
+        bodies.append((loop.body, tree.function(loop)))
+        for call in tree.within(loop.body, cst.Call):
+            helper = functions.get(dotted(call.func) or "")
+            if helper is not None:
+                bodies.append((helper.body, helper))
+    return bodies
+
+
+def _loader_settings(tree) -> set[str]:
+    """The code of the `batch_size=` settings of the training loaders built in this module
+    (`args.batch_size`, `cfg["batch_size"]`); a bare name or a literal is not a setting."""
+    settings = set()
+    for loader in train_loaders(tree)[0]:
+        if not tree.owns(loader.call):
+            continue
+        size = find_arg(loader.call, "batch_size", 1)
+        if size is not None and _is_batch_size_setting(size.value, set()):
+            settings.add(tree.code(size.value))
+    return settings
+
+
+def _parameters_bound_to(tree, function: cst.FunctionDef, settings: set[str]) -> set[str]:
+    """The parameters of `function` that every call of it by name in this module binds to
+    one of `settings` (`train(net, loader, opt, args.batch_size)`), and that the function
+    never rebinds."""
+    calls = [c for c in tree.find(cst.Call) if dotted(c.func) == function.name.value]
+    bound: dict[str, bool] = {}
+    for call in calls:
+        for arg in call.args:
+            param = parameter_for(function, call, arg)
+            if param is not None:
+                passed = tree.code(arg.value) in settings
+                bound[param] = bound.get(param, True) and passed
+    rebound = assigned_names(function.body)
+    return {param for param, always in bound.items() if always and param not in rebound}
+
+
+def _reads_setting(tree, node: cst.CSTNode, settings: set[str], params: set[str]) -> bool:
+    if isinstance(node, cst.Name):
+        parent = tree.parent.get(node)
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            return False  # the `batch_size` of `opt.batch_size`
+        return node.value in params
+    if isinstance(node, (cst.Attribute, cst.Subscript)):
+        return _is_batch_size_setting(node, set()) and tree.code(node) in settings
+    return False
+
+
+def _sizes_a_tensor(tree, node: cst.CSTNode) -> bool:
+    """Whether `node` (with arithmetic around it) is a shape argument of a tensor factory
+    or a reshape, or a bound of a slice (`out[:bs]`, `out[bs:]`)."""
+    child, parent = node, tree.parent.get(node)
+    while isinstance(parent, SIZE_ARITHMETIC):
+        child, parent = parent, tree.parent.get(parent)
+    if isinstance(parent, cst.Slice):
+        return child is parent.lower or child is parent.upper
+    if not isinstance(parent, cst.Call) or parent.func is child:
+        return False
+    if isinstance(parent.func, cst.Attribute) and method_name(parent) in SIZED_METHODS:
+        return True
+    return tree.qualify(parent.func) in SIZED_FACTORIES

@@ -812,7 +812,8 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
     loaders = []
     for call in tree.calls_to(DATA_LOADER):
         names = _names_of_loader(tree, call)
-        if names & loader_names and not _local_loader_unused_by(tree, call, loops):
+        matched = _names_outside_helper(tree, call, loops, names)
+        if matched & loader_names and not _local_loader_unused_by(tree, call, loops):
             names -= _evaluation_results(tree, call, loader_names)
             loaders.append(Loader(call, names | _aliases_in_loops(tree, loops, names)))
     found = {n for loader in loaders for n in loader.names}
@@ -851,6 +852,70 @@ def _local_loader_unused_by(tree, call: cst.Call, loops: list) -> bool:
         if other is not call and any(dotted(arg.value) == target for arg in other.args):
             return False  # handed on: the callee's loop may train on it
     return True
+
+
+def _names_outside_helper(tree, call: cst.Call, loops: list, names: set[str]) -> set[str]:
+    """`names` (where the loader lands), less the helper's own local when the loader is
+    `dataloader = DataLoader(...); return dataloader` in a helper every call of which keeps
+    its result (`validation_dataloader = create_validation_loader(...)`): that local is the
+    helper's, and a training loop elsewhere iterating a `dataloader` of its own never reads
+    it, so only the names the callers keep it under tell whether it trains. Unchanged where
+    a training loop inside the helper iterates the local."""
+    func = tree.function(call)
+    target = bound_target(tree, call)
+    if func is None or target is None or "." in target or _declared_outer(tree, func, target):
+        return names
+    position = _returned_position(tree, func, target)
+    if position is None or not _every_call_kept(tree, func):
+        return names
+    if any(tree.inside(loop, func) and iterated_name(loop, tree) == target for loop in loops):
+        return names
+    kept = {
+        name
+        for site, name in helper_results(tree, call)
+        if _kept_may_train(tree, site, name, loops)
+    }
+    return (names - {target}) | kept
+
+
+def _kept_may_train(tree, site: cst.Call, name: str, loops: list) -> bool:
+    """Whether the loader a helper returns, kept as `name = helper(...)` at `site`, may
+    reach a training loop: where `name` is a plain local of a function, only when a
+    training loop there iterates it, or the function returns it, or hands it to a call that
+    is not one of the project's functions without a training loop (test.py's `dataloader
+    = _create_validation_data_loader(...)` handed to `_evaluate(model, dataloader)`)."""
+    func = tree.function(site)
+    if func is None or "." in name or _declared_outer(tree, func, name):
+        return True  # a module-level name or an attribute: read anywhere
+    if any(tree.inside(loop, func) and iterated_name(loop, tree) == name for loop in loops):
+        return True
+    if _returned_position(tree, func, name) is not None:
+        return True
+    training = {tree.function(loop).name.value for loop in loops if tree.function(loop)}
+    functions = {f.name.value for f in tree.find(cst.FunctionDef)}
+    for other in tree.within(func, cst.Call):
+        if other is site or not any(dotted(arg.value) == name for arg in other.args):
+            continue
+        callee = (dotted(other.func) or "").rsplit(".", 1)[-1]
+        if callee not in functions or callee in training:
+            return True  # handed to code whose loops are not known, or that trains
+    return False
+
+
+def _every_call_kept(tree, func: cst.FunctionDef) -> bool:
+    """Whether `func` is called somewhere, by name, and each call is the whole value of an
+    assignment (`x = func(...)`, `a, x = func(...)`): where its result goes is known."""
+    calls = [
+        call
+        for call in tree.find(cst.Call)
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] == func.name.value
+    ]
+    for call in calls:
+        statement = tree.statement(call)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not isinstance(small, cst.Assign) or small.value is not call:
+            return False
+    return bool(calls)
 
 
 def _declared_outer(tree, func: cst.FunctionDef, name: str) -> bool:

@@ -9,9 +9,15 @@ rate stays. `torch.load` gets `map_location="cpu"`.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
-from ddpify.analysis.batch_coupling import batch_comparisons, masked_mean_losses
+from ddpify.analysis.batch_coupling import (
+    batch_comparisons,
+    masked_mean_losses,
+    setting_sized_tensors,
+)
 from ddpify.analysis.endless import PassRestart, pass_restarts
 from ddpify.analysis.epochs import epoch_loops, names_an_epoch_reads
 from ddpify.analysis.fetchers import fetcher_restarts
@@ -491,6 +497,7 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
                 "// WORLD_SIZE",
                 "DDP026",
             )
+        _per_process_sizes(tree, plan, edits)
         plan.lr_scaling = "none"
         return
     if plan.shape not in (Shape.SINGLE, Shape.DATA_PARALLEL):
@@ -508,6 +515,38 @@ def _batch_and_lr(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -
                 f"{ABSOLUTE_LR_SCHEDULERS[short]} like the optimizer's",
                 tree.code(tree.statement(call)),
             )
+
+
+def _per_process_sizes(tree: Tree, plan: Plan, edits: Edits) -> None:
+    """Under the global policy the loader yields `setting // WORLD_SIZE` rows, but a step
+    that sizes tensors by the setting itself (`torch.eye(2 * args.batch_size)`, `view(bs,
+    -1)`) still sizes them for the whole global batch: it crashes, or, where the shapes
+    happen to fit, silently regroups the rows. The step works on its process's rows, so
+    those reads take the per-process batch, the one its loader yields."""
+    by_statement: dict[cst.CSTNode, list[cst.BaseExpression]] = {}
+    for read in setting_sized_tensors(tree):
+        by_statement.setdefault(tree.statement(read), []).append(read)
+    for statement, reads in by_statement.items():
+        first_line = _first_code_line(tree.code(statement))
+        for read in reads:
+            edits.replace(read, snippets.expression(f"({tree.code(read)} // WORLD_SIZE)"))
+        # The report finds the line by its new text: each setting once, whole names only.
+        for setting in {tree.code(read) for read in reads}:
+            pattern = rf"(?<![\w.]){re.escape(setting)}(?!\w)"
+            per_process = f"({setting} // WORLD_SIZE)"
+            first_line = re.sub(pattern, lambda _, new=per_process: new, first_line)
+        plan.change(
+            NAME,
+            f"`{_first_code_line(tree.code(statement))}` sizes a tensor by the batch-size "
+            "setting: it takes the per-process batch, as the loader does (--batch-policy global)",
+            first_line,
+            "DDP026",
+        )
+
+
+def _first_code_line(code: str) -> str:
+    lines = [line.strip() for line in code.splitlines()]
+    return next((line for line in lines if line and not line.startswith("#")), "")
 
 
 def _scale_hand_set_lr(tree: Tree, plan: Plan, edits: Edits) -> None:

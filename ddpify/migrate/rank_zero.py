@@ -31,6 +31,17 @@ WRITER_CLASSES = ("SummaryWriter",)
 WANDB = {"init", "log", "finish", "save", "watch", "log_artifact"}
 BUFFER_WORDS = ("BatchNorm", "register_buffer", "running_mean")
 RANK_CONSTANT = 'RANK = int(os.environ.get("RANK", "0"))\n'
+# Progress lines written straight to the terminal (`sys.stdout.write("\r[Epoch %d] ...")`):
+# logs like print. Not stderr: a warning or an error there may be any rank's own.
+STDOUT_WRITES = ("sys.stdout.write",)
+# Calls that write a file of their own: every rank would write the same path (a sample grid
+# a GAN writes each few hundred steps: N writers to one image).
+FILE_WRITERS = (
+    "torch.save",
+    "torchvision.utils.save_image",
+    "torchvision.io.write_png",
+    "torchvision.io.write_jpeg",
+)
 
 
 def run(tree: Tree, plan: Plan) -> Edits:
@@ -174,9 +185,9 @@ def _side_effects(tree: Tree, writers: set[str]) -> list[cst.BaseStatement]:
 def _kind(tree: Tree, call: cst.Call, writers: set[str]) -> str | None:
     name = dotted(call.func) or ""
     qualified = tree.qualify(call.func) or ""
-    if name == "print":
+    if name == "print" or qualified in STDOUT_WRITES:
         return "print"
-    if qualified == "torch.save":
+    if qualified in FILE_WRITERS:
         return "save"
     receiver, _, method = name.rpartition(".")
     if receiver in writers:
@@ -332,7 +343,8 @@ def _guard(tree, plan, edits, run: list[cst.BaseStatement], test: str, local: se
 def _record(tree: Tree, plan: Plan, stmt: cst.BaseStatement, local: set[str]) -> None:
     code = tree.code(stmt).strip()
     first = code.splitlines()[-1] if isinstance(stmt, cst.SimpleStatementLine) else code
-    if "torch.save" in code or "open(" in code:
+    writes = any(tree.qualify(call.func) in FILE_WRITERS for call in tree.within(stmt, cst.Call))
+    if writes or "open(" in code:
         plan.change(NAME, "writes on global rank 0 only", first, "DDP050")
     else:
         plan.change(NAME, "logs on global rank 0 only", first, "DDP052")

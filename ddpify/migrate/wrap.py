@@ -1544,9 +1544,11 @@ def _wrapper_reader(tree: Tree, name: str, statement: cst.CSTNode):
         if receiver == name and tree.inside(node, container) and later:
             if tree.scope(node) is container or name.startswith("self."):
                 return True
-            return _reads_global_wrapper(tree, node, name, run_after)
         if receiver == name and _reads_global_wrapper(tree, node, name, run_after):
             return True
+        # Not the global: a helper's parameter of the same name the wrapper is handed to,
+        # wherever the helper is defined (a notebook's `def translate(model, ...)` after
+        # the wrap reads its own `model`).
         func = tree.function(node)
         if func is None or receiver not in helpers.get(func.name.value, ()):
             return False

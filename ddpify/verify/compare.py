@@ -330,6 +330,12 @@ def read_flags(original: dict, converted: list[dict], nproc: int, result: Compar
     against_reference = original.get("role") == "reference"
     read_batch_norm_flags(any_flag, converted, nproc, result, against_reference)
     read_draws(original, converted, result)
+    scaled = original["flags"].get("scaled_setting")
+    if scaled and not against_reference:
+        result.notes.append(
+            f"the one-process original sized its step's tensors by the batch-size setting "
+            f"{scaled}, as it would with that batch size set: it takes the N processes' rows"
+        )
     clipped = any_flag("clip_scaled", [original])
     if clipped and not any_flag("clip_scaled", converted):
         result.causes.append(

@@ -54,6 +54,12 @@ def check_shares(references: list[dict], converted: list[dict], result: Comparis
             "the per-rank reference's processes built the same initial weights (checked "
             "against rank 0's at the first gradient averaging)"
         )
+    if any(r["flags"].get("scaled_setting") for r in references):
+        result.notes.append(
+            "the per-rank reference sized its step's tensors by the per-process batch (the "
+            "batch-size setting // N), as the conversion does: the original sizes them by the "
+            "setting, which the global batch policy deals out over the processes"
+        )
     if any(r["flags"].get("sync_bn") for r in references):
         result.notes.append(
             "the per-rank reference summed BatchNorm statistics over its processes "

@@ -1658,6 +1658,38 @@ def project_batch_couplings(script: str, files: ProjectFiles | None = None) -> d
     return found
 
 
+def setting_sizes_scaled(source: bytes, scale: str) -> bytes:
+    """The script with each read of its training loader's batch-size setting that sizes a
+    tensor in a training loop (ddpify.analysis.batch_coupling.setting_sized_tensors) scaled
+    as the probe scales that loader's batch (`scale`: `// 2`, `* 2`), so the step sizes its
+    tensors for the rows it gets, as the script would with that batch size set:
+    - the per-rank reference under the global batch policy deals each process
+      `setting // N` rows (the conversion sizes them so too);
+    - the one-process original under the per-rank policy takes `setting * N` rows.
+    Unchanged when there is none."""
+    import libcst as cst
+
+    from ddpify.analysis.batch_coupling import setting_sized_tensors
+    from ddpify.analysis.tree import Tree
+
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        return source
+    reads = {id(node) for node in setting_sized_tensors(Tree(module))}
+    if not reads:
+        return source
+
+    class PerProcess(cst.CSTTransformer):
+        def on_leave(self, original, updated):
+            if id(original) not in reads:
+                return updated
+            code = module.code_for_node(original)
+            return cst.parse_expression(f"({code} {scale})")
+
+    return module.visit(PerProcess()).code.encode(module.encoding)
+
+
 def mentions_hand_split(path: str) -> bool:
     """Whether a `# ddpify:` comment of the file says the migration split hand-made batches
     by rank (HAND_SPLIT_MARKER, the note `ddpify migrate` writes above the split)."""
@@ -1702,9 +1734,23 @@ def die_with_parent() -> None:
         pass
 
 
-def run_script(path: str, argv: list[str], display_path: str) -> None:
+def setting_scale(role: str, policy: str | None, world: int, nproc) -> str | None:
+    """How the probe scales the batch a training loader yields, where it does, as text to
+    append to a batch-size setting (setting_sizes_scaled): the per-rank reference under the
+    global policy divides it by the processes, the one-process original under the per-rank
+    policy multiplies it by them."""
+    if role == "reference" and policy == "global" and world > 1:
+        return f"// {world}"
+    if role == "original" and policy == "per-rank" and int(nproc) > 1:
+        return f"* {int(nproc)}"
+    return None
+
+
+def run_script(path: str, argv: list[str], display_path: str, transform=None) -> None:
     with open(path, "rb") as handle:
         source = handle.read()
+    if transform is not None:
+        source = transform(source)
     code = compile(source, display_path, "exec")
     module = types.ModuleType("__main__")
     module.__file__ = display_path
@@ -1730,9 +1776,20 @@ def main() -> int:
     if probe.role == "converted" and probe.world > 1:
         for flag, where in project_batch_couplings(script, files).items():
             probe.flag(flag, where)
+    transform = None
+    policy, nproc = config.get("batch_policy"), config.get("nproc") or 1
+    scale = setting_scale(probe.role, policy, probe.world, nproc)
+    if scale is not None:
+
+        def transform(source: bytes) -> bytes:
+            changed = setting_sizes_scaled(source, scale)
+            if changed != source:
+                probe.flag("scaled_setting", scale)
+            return changed
+
     probe.install()
     try:
-        run_script(script, argv, config.get("display_path") or script)
+        run_script(script, argv, config.get("display_path") or script, transform)
     except StopRun:
         return 0
     except SystemExit as exc:
