@@ -46,13 +46,19 @@ class Tree:
     statement object that a pass left alone is the same subtree in the next tree: with
     `previous` (the tree before the pass) its segment is reused, not walked again, and
     a pass costs the statements it rebuilt, not the file. `text`, when known, is the
-    module's code (saves rendering it for `Tree.text`)."""
+    module's code (saves rendering it for `Tree.text`); else `render` makes it when
+    asked (migrate's renderer reuses the code of statements it rendered before)."""
 
     def __init__(
-        self, module: cst.Module, text: str | None = None, previous: Tree | None = None
+        self,
+        module: cst.Module,
+        text: str | None = None,
+        previous: Tree | None = None,
+        render: Callable[[cst.Module], str] | None = None,
     ) -> None:
         self.module = module
         self._text = text
+        self._render = render
         self._by_kind: dict[type, list[cst.CSTNode]] = {}
         self._order: dict[cst.CSTNode, int] | None = None
         self._nodes: list[cst.CSTNode] | None = None
@@ -72,6 +78,7 @@ class Tree:
         tree = cls.__new__(cls)
         tree.module = module
         tree._text = None
+        tree._render = None
         tree._by_kind = {}
         tree._order = None
         tree._nodes = None
@@ -196,7 +203,7 @@ class Tree:
     def text(self) -> str:
         """The module's code (rendered once per tree)."""
         if self._text is None:
-            self._text = self.module.code
+            self._text = self.module.code if self._render is None else self._render(self.module)
         return self._text
 
     # -- structure -------------------------------------------------------------------
