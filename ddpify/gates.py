@@ -29,8 +29,21 @@ class GateError(Exception):
 
 def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None) -> cst.Module:
     """The input must be Python that CPython compiles, and come back from libcst byte for
-    byte, or we must not touch it. `render` renders the module (default `Module.code`).
-    A large text is compiled in a forked child while libcst parses it here."""
+    byte, or we must not touch it. `render` renders the module (default `Module.code`)."""
+    module = parse_input(text)
+    require_roundtrip(module.code if render is None else render(module), text)
+    return module
+
+
+def require_roundtrip(code: str, text: str) -> None:
+    """`code`, the parse of `text` rendered, must be `text` byte for byte."""
+    if code != text:
+        raise GateError("parse", "input does not round-trip through libcst unchanged")
+
+
+def parse_input(text: str) -> cst.Module:
+    """The first half of `check_roundtrip`: the parse of a text CPython compiles. A large
+    text is compiled in a forked child while libcst parses it here."""
     compiling = Beside(_compile_verdict, text) if len(text) >= PARALLEL_CHARS else None
     if compiling is None:
         _require_compiles(_compile_verdict(text))
@@ -45,8 +58,6 @@ def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None
     finally:
         if compiling is not None:
             compiling.close()
-    if (module.code if render is None else render(module)) != text:
-        raise GateError("parse", "input does not round-trip through libcst unchanged")
     return module
 
 

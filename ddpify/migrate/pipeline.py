@@ -22,7 +22,8 @@ from ddpify.gates import (
     GateError,
     check_comments_kept,
     check_compiles,
-    check_roundtrip,
+    parse_input,
+    require_roundtrip,
 )
 from ddpify.gc_tuning import no_collections
 from ddpify.guarded import PARALLEL_CHARS, Beside, GaveUp, guarded
@@ -113,24 +114,28 @@ def _migrate_sources(
     names = list(texts)
     several = len(names) > 1
     if parsed is None:
-        parsed = [
-            _in_file(name, several, check_roundtrip, texts[name], render.code) for name in names
-        ]
+        parsed = [_in_file(name, several, parse_input, texts[name]) for name in names]
+        # Each input must render back to its text; a large one renders in a forked child
+        # while this process builds its tree and analyses the project (seconds on 100k
+        # lines). A second run's input, the output, is mostly rendered already.
+        rendered = [_rendering(render, module, texts[name]) for name, module in zip(names, parsed)]
     else:
-        for name, module in zip(names, parsed):
-            if render.code(module) != texts[name]:
-                _in_file(name, several, _not_roundtrip)
+        rendered = [(lambda module=module: render.code(module)) for module in parsed]
     modules = parsed
-    trees = link(
-        [
-            Tree(module, texts[name], previous=walked[index] if walked else None)
-            for index, (name, module) in enumerate(zip(names, modules))
-        ]
-    )
     # Each pass's module per file; its code is rendered when a gate asks (see Stages).
     stages = {name: [("input", module)] for name, module in zip(names, modules)}
     try:
-        plans = analyze_project(trees, options)
+        try:
+            trees = link(
+                [
+                    Tree(module, texts[name], previous=walked[index] if walked else None)
+                    for index, (name, module) in enumerate(zip(names, modules))
+                ]
+            )
+            plans = analyze_project(trees, options)
+        finally:  # before any other verdict: a text that does not round-trip is not read
+            for name, code in zip(names, _all_called(rendered)):
+                _in_file(name, several, require_roundtrip, code, texts[name])
         for pass_name, run in passes:
             changed = False
             for index, name in enumerate(names):
@@ -220,8 +225,26 @@ def _in_file(name: str, several: bool, fn, *args):
         raise
 
 
-def _not_roundtrip() -> None:
-    raise GateError("parse", "input does not round-trip through libcst unchanged")
+def _all_called(functions: list[Callable[[], str]]) -> list[str]:
+    """Each function's value; when one raises, the others are still called (each waits
+    for its child) before the first error is raised."""
+    values, error = [], None
+    for function in functions:
+        try:
+            values.append(function())
+        except Exception as exc:  # noqa: BLE001 - raised below, once every child is done
+            error = error or exc
+    if error is not None:
+        raise error
+    return values
+
+
+def _rendering(render: ModuleText, module: cst.Module, text: str) -> Callable[[], str]:
+    """A function that returns `module`'s code: rendered beside this process for a large
+    text (see `ModuleText.code_beside`), else here when called."""
+    if len(text) >= PARALLEL_CHARS:
+        return render.code_beside(module)
+    return lambda: render.code(module)
 
 
 def _run_pass(name: str, run, tree: Tree, plan: Plan) -> cst.Module:
