@@ -15,6 +15,7 @@ import libcst as cst
 
 from ddpify.guarded import PARALLEL_CHARS, Beside, python_rejects
 from ddpify.libcst_speed import parse_module
+from ddpify.split_parse import parse_in_two
 
 
 class GateError(Exception):
@@ -43,12 +44,14 @@ def require_roundtrip(code: str, text: str) -> None:
 
 def parse_input(text: str) -> cst.Module:
     """The first half of `check_roundtrip`: the parse of a text CPython compiles. A large
-    text is compiled in a forked child while libcst parses it here."""
-    compiling = Beside(_compile_verdict, text) if len(text) >= PARALLEL_CHARS else None
+    text is compiled in a forked child while libcst parses it, in two parts at once
+    (split_parse.py)."""
+    large = len(text) >= PARALLEL_CHARS
+    compiling = Beside(_compile_verdict, text) if large else None
     if compiling is None:
         _require_compiles(_compile_verdict(text))
     try:
-        module = parse_module(text)
+        module = parse_in_two(text) if large else parse_module(text)
         if compiling is not None:
             _require_compiles(compiling.result())
     except cst.ParserSyntaxError as exc:
