@@ -7,6 +7,11 @@ import libcst as cst
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.names import dotted
 from ddpify.analysis.project import LocalFunction
+from ddpify.analysis.side_effects import (
+    FILE_WRITERS,
+    SAVING_OBJECT_FACTORIES,
+    SAVING_OBJECT_PATH,
+)
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     Ancestors,
@@ -18,14 +23,11 @@ from ddpify.rules.rank_zero._common import (
 )
 from ddpify.walk import walk
 
-# Checkpoint writers and where their path argument is: (keyword, position).
-SAVE_CALLS = {
-    "torch.save": ("f", 1),
-    "torch.jit.save": ("f", 1),
-    "safetensors.torch.save_file": ("filename", 1),
-    "safetensors.torch.save_model": ("filename", 1),
-}
+# Writers of a file (checkpoints, sample images) and where their path argument is:
+# (keyword, position).
+SAVE_CALLS = FILE_WRITERS
 SAVE_METHODS = {"save_pretrained": ("save_directory", 0)}
+SCRIPT_MODULE_SAVE = "ScriptModule.save"  # `scripted = torch.jit.script(model)`; `scripted.save(f)`
 IN_MEMORY = {"io.BytesIO", "io.StringIO"}
 
 
@@ -74,21 +76,34 @@ class UnguardedSave(RankZeroRule):
             save = _Save(node, qualified, self.snapshot(), helper.path.name, helper)
             self.saves.append(save)
 
-    @staticmethod
-    def _save_callee(node: cst.Call, qualified: str | None) -> str | None:
+    def _save_callee(self, node: cst.Call, qualified: str | None) -> str | None:
         if qualified in SAVE_CALLS:
             return qualified
-        if (
-            qualified is None
-            and type(node.func) is cst.Attribute
-            and node.func.attr.value in SAVE_METHODS
-        ):
-            return node.func.attr.value
+        if qualified is not None or type(node.func) is not cst.Attribute:
+            return None
+        method = node.func.attr.value
+        if method in SAVE_METHODS:
+            return method
+        if method == "save" and self._saving_object(node.func.value):
+            return SCRIPT_MODULE_SAVE
         return None
+
+    def _saving_object(self, receiver: cst.BaseExpression) -> bool:
+        """Whether every value the file binds `receiver` to is a ScriptModule
+        (`torch.jit.script(model)`): its `.save(f)` writes a file."""
+        name = dotted(receiver)
+        values = self.context.model.bindings.get(name, ()) if name else ()
+        return bool(values) and all(
+            type(value) is cst.Call and self.context.qualify(value.func) in SAVING_OBJECT_FACTORIES
+            for value in values
+        )
 
     @staticmethod
     def _path(node: cst.Call, callee: str) -> cst.BaseExpression | None:
-        keyword, position = SAVE_CALLS.get(callee) or SAVE_METHODS[callee]
+        if callee == SCRIPT_MODULE_SAVE:
+            keyword, position = SAVING_OBJECT_PATH
+        else:
+            keyword, position = SAVE_CALLS.get(callee) or SAVE_METHODS[callee]
         arg = keyword_arg(node, keyword) or positional_arg(node, position)
         return arg.value if arg else None
 
