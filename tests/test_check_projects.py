@@ -289,6 +289,82 @@ def test_a_load_helper_of_a_single_process_project_is_quiet(tmp_path):
     assert _load_findings(_load_project(tmp_path, train=train)) == []
 
 
+def _severity_findings(path: Path) -> list[tuple[int, str, str]]:
+    report = check_paths([str(path)], select_rules(["DDP012"]))
+    return [(d.location.row, d.severity.value, d.message) for d in report.diagnostics]
+
+
+def test_a_plain_load_a_distributed_module_calls_is_reported_at_info(tmp_path):
+    train = DISTRIBUTED_TRAIN + 'plain = load_plain("b.pt")\n'
+    findings = _severity_findings(_load_project(tmp_path, train=train, fixed=True))
+    assert [(row, severity) for row, severity, _ in findings] == [(14, "info")]
+    assert "and train.py (distributed) calls `load_plain()`" in findings[0][2]
+
+
+def test_a_plain_load_a_distributed_module_only_imports_is_quiet(tmp_path):
+    # DISTRIBUTED_TRAIN imports load_plain but never calls it.
+    assert _severity_findings(_load_project(tmp_path, fixed=True)) == []
+
+
+def test_a_plain_load_called_by_a_single_process_module_is_quiet(tmp_path):
+    train = 'from ckpt import load_plain\n\nstate = load_plain("a.pt")\n'
+    assert _severity_findings(_load_project(tmp_path, train=train, fixed=True)) == []
+
+
+EMA = """\
+import torch
+
+
+class Ema:
+    def __init__(self, model, resume=None):
+        self.model = model
+        if resume:
+            self._load(resume)
+
+    def _load(self, path):
+        self.model.load_state_dict(torch.load(path)["ema"])
+
+
+def restore(path):
+    if torch.cuda.is_available():
+        return torch.load(path)
+    return torch.load(path, map_location="cpu")
+
+
+def restore_chosen(path, gpu):
+    if gpu is None:
+        state = torch.load(path)
+    else:
+        state = torch.load(path, map_location=f"cuda:{gpu}")
+    return state
+"""
+
+STAR_TRAIN = """\
+import torch
+import torch.distributed as dist
+
+from ema import *
+
+dist.init_process_group("nccl")
+model = torch.nn.Linear(2, 2).cuda()
+ema = Ema(model, resume="ema.pt")
+state = restore("last.pt")
+other = restore_chosen("last.pt", None)
+"""
+
+
+def test_a_class_and_the_cuda_branch_of_a_star_imported_helper_are_reported(tmp_path):
+    (tmp_path / "ema.py").write_text(EMA)
+    (tmp_path / "train.py").write_text(STAR_TRAIN)
+    findings = _severity_findings(tmp_path / "ema.py")
+    # Not `restore_chosen`: its branches are the author's choice (a process per GPU or not).
+    assert [(row, severity) for row, severity, _ in findings] == [(11, "info"), (16, "info")]
+    assert (
+        "in `Ema._load()` has no `map_location`, and train.py (distributed) uses `Ema`"
+        in (findings[0][2])
+    )
+
+
 # -- DDP040: a trainer module accumulates; another module wraps the model in DDP ----------
 
 TRAINER = """\

@@ -10,6 +10,7 @@ in the function that makes the call; with no such assignment nothing is known.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,81 @@ def per_process_values(
             if found is not None:
                 shown, source = found
                 yield PerProcessValue(path, call, shown, source)
+
+
+def calling_modules(name: str, helper: Path, importers: Sequence[Path]) -> list[Path]:
+    """The modules among `importers` (paths) that call `name`, a module-level function or
+    class of `helper`, by its imported name (`load_checkpoint(model, path)`,
+    `checkpoint.load_checkpoint(...)`, or `ModelEma(model)` after `from timm.utils import *`).
+
+    Read with Python's `ast`: an entry script libcst would rather not parse in this
+    process (deep nesting) still says what it calls."""
+    stem = helper.parent.name if helper.name == "__init__.py" else helper.stem
+    return [path for path in importers if _ast_calls(path, stem, name)]
+
+
+def _ast_calls(path: Path, stem: str, name: str) -> bool:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    aliases, star_modules, defined = _ast_bindings(tree)
+    suffix = f"{stem}.{name}"
+    star = (
+        name not in aliases
+        and name not in defined
+        and any(module.rsplit(".", 1)[-1] == stem for module in star_modules)
+    )
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        written = _ast_dotted(node.func)
+        if written is None:
+            continue
+        head, _, rest = written.partition(".")
+        if head in aliases:
+            qualified = f"{aliases[head]}.{rest}" if rest else aliases[head]
+            if qualified == suffix or qualified.endswith(f".{suffix}"):
+                return True
+        elif star and written == name:
+            return True
+    return False
+
+
+def _ast_bindings(tree: ast.Module) -> tuple[dict[str, str], list[str], set[str]]:
+    """Names bound by imports (`local -> module.name` as written, relative dots kept),
+    the modules imported with `*`, and the names the module defines at top level."""
+    aliases: dict[str, str] = {}
+    star_modules: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                aliases[local] = alias.name if alias.asname else local
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            for alias in node.names:
+                if alias.name == "*":
+                    star_modules.append(module)
+                else:
+                    aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    return aliases, star_modules, defined
+
+
+def _ast_dotted(node: ast.expr) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 def constructor_arguments(
