@@ -4,7 +4,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from ddpify.analysis.call_sites import calling_modules
+from ddpify.analysis.call_sites import calling_modules, owners_calling
 from ddpify.analysis.devices import cuda_placement
 from ddpify.analysis.names import find_arg, method_name
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
@@ -211,27 +211,43 @@ class LoadWithoutMapLocation(DistributedRule):
         that module may reach the load."""
         importers = self.context.distributed_importers()
         helper = self.context.local.file
-        if not importers or helper is None:
+        if helper is None:
             return
-        callers: dict[str, list[Path]] = {}
+        callers: dict[str, str | None] = {}  # a name -> who runs it distributed, in words
         for call, owner, function in self.module_level_loads:
             name = owner.name.value
             if name not in callers:
-                callers[name] = calling_modules(name, helper, importers)
-            if not callers[name]:
+                callers[name] = self._distributed_caller(name, helper, importers)
+            if callers[name] is None:
                 continue
-            where, used = f"`{name}()`", f"calls `{name}()`"
-            if type(owner) is cst.ClassDef:
-                method = function.name.value if type(function) is cst.FunctionDef else None
-                where = f"`{name}.{method}()`" if method else f"`{name}`"
-                used = f"uses `{name}`"
+            where = f"`{name}()`" if type(owner) is cst.FunctionDef else f"`{name}`"
+            if type(owner) is cst.ClassDef and type(function) is cst.FunctionDef:
+                where = f"`{name}.{function.name.value}()`"
             self.report(
                 call,
-                f"`torch.load` in {where} has no `map_location`, and {callers[name][0].name} "
-                f"(distributed) {used}, so every rank restores the tensors onto the GPU "
-                'that saved them, usually GPU 0; pass `map_location="cpu"`',
+                f"`torch.load` in {where} has no `map_location`, and {callers[name]}, so every "
+                "rank restores the tensors onto the GPU that saved them, usually GPU 0; pass "
+                '`map_location="cpu"`',
                 severity=Severity.INFO,
             )
+
+    def _distributed_caller(self, name: str, helper: Path, importers: list[Path]) -> str | None:
+        """Who runs `name` on every rank: a distributed module that calls it, or (two
+        imports away) one that calls a function or class of another module that calls it
+        (`trainer.Launcher(...)` in ddp_train.py, and `Launcher` makes a `CheckPoint`)."""
+        found = calling_modules(name, helper, importers)
+        if found:
+            return f"{found[0].name} (distributed) uses `{name}`"
+        local = self.context.local
+        for middle in local.importers_of(helper):
+            for owner in owners_calling(name, helper, middle):
+                outer = calling_modules(owner, middle, local.distributed_importers_of(middle))
+                if outer:
+                    return (
+                        f"{outer[0].name} (distributed) uses `{owner}` of {middle.name}, "
+                        f"which uses `{name}`"
+                    )
+        return None
 
     def _uses_cuda(self) -> bool:
         model = self.model

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.call_sites import MethodCall, unguarded_method_calls
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.names import dotted
 from ddpify.analysis.project import LocalFunction
@@ -124,8 +125,13 @@ class UnguardedSave(RankZeroRule):
         )
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.saves or self.delegates_to_framework() or not self.context.model.is_distributed:
+        if not self.saves or self.delegates_to_framework():
             return
+        if not self.context.model.is_distributed:
+            # A helper module: only its distributed importers say where its code runs.
+            self._report_methods_called_elsewhere(self.saves)
+            return
+        unknown: list[_Save] = []
         saving_helpers: dict[int, bool] = {}  # a helper called in many places: judged once
         for save in self.saves:
             helper = save.helper
@@ -136,6 +142,8 @@ class UnguardedSave(RankZeroRule):
             if helper is not None and not saving_helpers[id(helper.node)]:
                 continue
             resolution = self.facts.resolve(save.ancestors)
+            if not resolution.known:
+                unknown.append(save)
             if not resolution.known or resolution.scope is Scope.GLOBAL:
                 continue
             shown = self.context.code(save.call.func)
@@ -145,6 +153,39 @@ class UnguardedSave(RankZeroRule):
                 self.report(save.call, _local_message(shown), severity=Severity.INFO)
             else:
                 self.report(save.call, _message(shown, resolution.helper))
+        self._report_methods_called_elsewhere(unknown)
+
+    def _report_methods_called_elsewhere(self, saves: list[_Save]) -> None:
+        """A save in a method no code of this file calls (`Model.save_training_state`):
+        a distributed module of the project that builds the class and calls the method
+        inside a function, under no rank guard there, runs it on every rank."""
+        candidates = [
+            (save, *found)
+            for save in saves
+            if save.helper is None and (found := _method_of_class(save.ancestors)) is not None
+        ]
+        helper = self.context.local.file
+        if not candidates or helper is None:
+            return
+        distributed = set(self.context.distributed_importers())
+        if not distributed:
+            return
+        importers = [found for found in self.context.importing_modules() if found[0] in distributed]
+        calls: dict[tuple[str, str], list[MethodCall]] = {}
+        for save, cls, method in candidates:
+            if rank_zero_scope(save.ancestors) is not None:
+                continue
+            key = (cls, method)
+            if key not in calls:
+                calls[key] = unguarded_method_calls(cls, method, helper, importers)
+            if calls[key]:
+                caller = calls[key][0]
+                self.report(
+                    save.call,
+                    _called_elsewhere_message(
+                        self.context.code(save.call.func), cls, method, caller.path.name
+                    ),
+                )
 
 
 def _message(shown: str, helper: str | None) -> str:
@@ -152,6 +193,23 @@ def _message(shown: str, helper: str | None) -> str:
     return (
         f"{where} runs on every rank, so all processes write the same file; "
         "save under `if dist.get_rank() == 0:`"
+    )
+
+
+def _method_of_class(ancestors: Ancestors) -> tuple[str, str] | None:
+    """(class, method) when the node is in a method of a module-level class."""
+    if len(ancestors) > 3 and type(ancestors[1]) is cst.ClassDef:
+        method = ancestors[3]
+        if type(method) is cst.FunctionDef:
+            return ancestors[1].name.value, method.name.value
+    return None
+
+
+def _called_elsewhere_message(shown: str, cls: str, method: str, caller: str) -> str:
+    return (
+        f"`{shown}` in `{cls}.{method}()` runs on every rank: {caller} (distributed) calls "
+        f"`.{method}()` on its `{cls}` outside any rank-0 guard, so all processes write the "
+        "same file; save under `if dist.get_rank() == 0:`"
     )
 
 
