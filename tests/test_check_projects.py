@@ -470,6 +470,29 @@ def test_a_load_two_imports_away_from_a_single_process_module_is_quiet(tmp_path)
     assert _severity_findings(tmp_path / "ema.py") == []
 
 
+def test_a_helper_with_many_loads_scans_the_project_once(tmp_path, monkeypatch):
+    # Each load's function is looked up in the importers: the scan for them (every file
+    # of the project) and each importer's parse are made once per check, not per load.
+    from ddpify.analysis import call_sites, project
+
+    loads = "".join(f"\n\ndef restore_{i}(path):\n    return torch.load(path)\n" for i in range(30))
+    (tmp_path / "ema.py").write_text("import torch\n" + loads)
+    (tmp_path / "launcher.py").write_text(
+        LAUNCHER.replace("Ema(model, resume=resume)", "restore_0(resume)").replace(
+            "import Ema", "import restore_0"
+        )
+    )
+    (tmp_path / "ddp_train.py").write_text(DDP_ENTRY)
+    scans = []
+    real = project.importers
+    monkeypatch.setattr(project, "importers", lambda path: scans.append(path) or real(path))
+    call_sites._owners_by_callee.cache_clear()
+    findings = _severity_findings(tmp_path / "ema.py")
+    assert [row for row, _, _ in findings] == [5]  # restore_0, two imports away
+    assert len(scans) == 1
+    assert call_sites._owners_by_callee.cache_info().misses <= 3
+
+
 # -- DDP040: a trainer module accumulates; another module wraps the model in DDP ----------
 
 TRAINER = """\

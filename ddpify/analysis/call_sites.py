@@ -11,6 +11,7 @@ in the function that makes the call; with no such assignment nothing is known.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,27 +109,42 @@ def _calling_owners(path: Path, stem: str, name: str) -> list[str] | None:
     """The names of the module-level functions and classes of `path` that call `name` of
     module `stem` ("" for a call outside them); None when nothing in `path` calls it."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), str(path))
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        stat = path.stat()
+    except OSError:
         return None
+    return _owners_by_callee(str(path), stem, stat.st_mtime_ns, stat.st_size).get(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _owners_by_callee(path: str, stem: str, *_stamp: int) -> dict[str, list[str]]:
+    """Each name of module `stem` that `path` calls -> the module-level functions and
+    classes of `path` whose code calls it ("" for a call outside them), once per
+    statement. Made once per file while unchanged (`_stamp`: its mtime and size): a
+    rule asks it for every function of a helper module that loads a checkpoint."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"), path)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
     aliases, star_modules, defined = _ast_bindings(tree)
-    star = (
-        name not in aliases
-        and name not in defined
-        and any(module.rsplit(".", 1)[-1] == stem for module in star_modules)
-    )
-    owners = []
+    # A bare call counts when `from <stem> import *` may have bound its name.
+    star = any(module.rsplit(".", 1)[-1] == stem for module in star_modules)
+    owners: dict[str, list[str]] = {}
     for statement in tree.body:
-        if _ast_calls_in(statement, aliases, f"{stem}.{name}", name if star else None):
-            owner = isinstance(statement, _AST_OWNERS) and statement.name  # type: ignore[union-attr]
-            owners.append(owner or "")
-    return owners or None
+        owner = isinstance(statement, _AST_OWNERS) and statement.name  # type: ignore[union-attr]
+        for name in _ast_callees(statement, aliases, stem, star, defined):
+            owners.setdefault(name, []).append(owner or "")
+    return owners
 
 
 _AST_OWNERS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def _ast_calls_in(root: ast.AST, aliases: dict[str, str], suffix: str, bare: str | None) -> bool:
+def _ast_callees(
+    root: ast.AST, aliases: dict[str, str], stem: str, star: bool, defined: set[str]
+) -> set[str]:
+    """The names of module `stem` that calls in `root` call: through an import
+    (`stem.name(...)`, `from pkg.stem import name`), or bare after a `*` import of it."""
+    found: set[str] = set()
     for node in ast.walk(root):
         if not isinstance(node, ast.Call):
             continue
@@ -138,11 +154,12 @@ def _ast_calls_in(root: ast.AST, aliases: dict[str, str], suffix: str, bare: str
         head, _, rest = written.partition(".")
         if head in aliases:
             qualified = f"{aliases[head]}.{rest}" if rest else aliases[head]
-            if qualified == suffix or qualified.endswith(f".{suffix}"):
-                return True
-        elif written == bare:
-            return True
-    return False
+            parts = qualified.rsplit(".", 2)
+            if len(parts) >= 2 and parts[-2] == stem:
+                found.add(parts[-1])
+        elif star and not rest and written not in defined:
+            found.add(written)
+    return found
 
 
 def _ast_bindings(tree: ast.Module) -> tuple[dict[str, str], list[str], set[str]]:
