@@ -42,26 +42,36 @@ def require_roundtrip(code: str, text: str) -> None:
         raise GateError("parse", "input does not round-trip through libcst unchanged")
 
 
-def parse_input(text: str) -> cst.Module:
+def parse_input(text: str, compiled: bool = True) -> cst.Module:
     """The first half of `check_roundtrip`: the parse of a text CPython compiles. A large
-    text is compiled in a forked child while libcst parses it, in two parts at once
-    (split_parse.py)."""
+    text is parsed in two parts at once (split_parse.py), and compiled in a forked child
+    meanwhile; `compiled=False`: the caller has the compile checked later
+    (`compiles_beside`), save for a text libcst rejects, whose error is CPython's when
+    CPython rejects it too."""
     large = len(text) >= PARALLEL_CHARS
-    compiling = Beside(_compile_verdict, text) if large else None
-    if compiling is None:
+    compiling = Beside(_compile_verdict, text) if large and compiled else None
+    if compiled and not large:
         _require_compiles(_compile_verdict(text))
     try:
         module = parse_in_two(text) if large else parse_module(text)
         if compiling is not None:
             _require_compiles(compiling.result())
     except cst.ParserSyntaxError as exc:
-        if compiling is not None:  # CPython's message first, as for a small text
-            _require_compiles(compiling.result())
+        # CPython's message first, as for a small text
+        _require_compiles(compiling.result() if compiling is not None else _compile_verdict(text))
         raise GateError("parse", f"input does not parse: {exc.message}") from None
     finally:
         if compiling is not None:
             compiling.close()
     return module
+
+
+def compiles_beside(text: str) -> Callable[[], None]:
+    """Start CPython's compile of `text` in a forked child (the second half of
+    `parse_input(text, compiled=False)`); the function returned waits for it, and raises
+    the parse gate's error when CPython rejects the text."""
+    compiling = Beside(_compile_verdict, text)
+    return lambda: _require_compiles(compiling.result())
 
 
 def _compile_verdict(text: str) -> SyntaxError | None:

@@ -452,7 +452,7 @@ def test_input_must_parse():
     assert info.value.pass_name == "parse"
 
 
-@pytest.mark.parametrize("compiled", ["here", "in a forked child"])
+@pytest.mark.parametrize("compiled", ["here", "in a forked child", "beside the analysis"])
 @pytest.mark.parametrize(
     "bad, message",
     [
@@ -464,14 +464,33 @@ def test_input_that_python_rejects_is_refused_with_pythons_message(
     compiled, bad, message, monkeypatch
 ):
     import ddpify.gates as gates
+    import ddpify.migrate.pipeline as pipeline
 
     if compiled != "here":
         if not hasattr(os, "fork"):
             pytest.skip("needs fork")
         monkeypatch.setattr(gates, "PARALLEL_CHARS", 0)
+    if compiled == "beside the analysis":  # a large input: parsed in two, compiled later
+        monkeypatch.setattr(pipeline, "PARALLEL_CHARS", 0)
     with pytest.raises(GateError) as info:
         migrate_source(bad + SIMPLE, "t.py")
     assert info.value.pass_name == "parse" and message in info.value.reason
+
+
+def test_a_large_project_module_python_rejects_is_named(monkeypatch):
+    # Compiled beside the analysis, a module of a project that CPython rejects (libcst
+    # parses `return` at the top level) is still named in the refusal.
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    import ddpify.migrate.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "PARALLEL_CHARS", 0)
+    texts = {"train.py": SIMPLE, "helpers.py": "import torch\nreturn 1\n"}
+    with pytest.raises(GateError) as info:
+        pipeline.migrate_sources(texts)
+    assert info.value.pass_name == "parse"
+    assert info.value.reason.startswith("helpers.py: ")
+    assert "'return' outside function" in info.value.reason
 
 
 # -- CLI --------------------------------------------------------------------------------

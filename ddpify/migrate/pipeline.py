@@ -9,8 +9,9 @@ nothing is written.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Callable
+from typing import Any, Callable
 
 import libcst as cst
 
@@ -22,6 +23,7 @@ from ddpify.gates import (
     GateError,
     check_comments_kept,
     check_compiles,
+    compiles_beside,
     parse_input,
     require_roundtrip,
 )
@@ -113,11 +115,22 @@ def _migrate_sources(
     the statements `parsed` shares with them can be reused (see Tree)."""
     names = list(texts)
     several = len(names) > 1
+    # A large input's compile and render, checked in forked children while this process
+    # builds its tree and analyses the project (seconds each on 100k lines): it must
+    # compile and render back to its text. A second run's input (the output, parsed by
+    # the output gate) is compiled and mostly rendered already.
+    compiled: list[Callable[[], None]] = []
     if parsed is None:
-        parsed = [_in_file(name, several, parse_input, texts[name]) for name in names]
-        # Each input must render back to its text; a large one renders in a forked child
-        # while this process builds its tree and analyses the project (seconds on 100k
-        # lines). A second run's input, the output, is mostly rendered already.
+        large = [len(texts[name]) >= PARALLEL_CHARS for name in names]
+        parsed = [
+            _in_file(name, several, parse_input, texts[name], not beside)
+            for name, beside in zip(names, large)
+        ]
+        compiled = [
+            functools.partial(_in_file, name, several, compiles_beside(texts[name]))
+            for name, beside in zip(names, large)
+            if beside
+        ]
         rendered = [_rendering(render, module, texts[name]) for name, module in zip(names, parsed)]
     else:
         rendered = [(lambda module=module: render.code(module)) for module in parsed]
@@ -134,7 +147,8 @@ def _migrate_sources(
             )
             plans = analyze_project(trees, options)
         finally:  # before any other verdict: a text that does not round-trip is not read
-            for name, code in zip(names, _all_called(rendered)):
+            codes = _all_called([*compiled, *rendered])[len(compiled) :]
+            for name, code in zip(names, codes):
                 _in_file(name, several, require_roundtrip, code, texts[name])
         for pass_name, run in passes:
             changed = False
@@ -225,7 +239,7 @@ def _in_file(name: str, several: bool, fn, *args):
         raise
 
 
-def _all_called(functions: list[Callable[[], str]]) -> list[str]:
+def _all_called(functions: list[Callable[[], Any]]) -> list[Any]:
     """Each function's value; when one raises, the others are still called (each waits
     for its child) before the first error is raised."""
     values, error = [], None
