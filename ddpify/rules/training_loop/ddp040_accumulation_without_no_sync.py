@@ -485,9 +485,7 @@ def _accumulation_step(
     for statement in body[start:]:
         if type(statement) is not cst.If:
             continue
-        if accumulation_test(statement.test, model) or steps_every_nth(
-            statement, body, optimizers
-        ):
+        if accumulation_test(statement.test, model) or steps_every_nth(statement, body, optimizers):
             if any(
                 type(n) is cst.Call and is_optimizer_step(n, optimizers)
                 for n in own_nodes(statement.body)
