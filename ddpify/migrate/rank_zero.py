@@ -13,7 +13,6 @@ import bisect
 import libcst as cst
 
 from ddpify.analysis.batches import model_calls
-from ddpify.analysis.downloads import runs_rank_zero_first_by_callers
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.reachability import never_run
@@ -234,11 +233,8 @@ def _needs_guard(tree: Tree, plan: Plan, stmt: cst.BaseStatement, rank: str) -> 
             tree.code(stmt),
         )
         return False
-    func = tree.function(stmt)
-    if func is None and not _after_rank(tree, stmt, rank):
+    if tree.function(stmt) is None and not _after_rank(tree, stmt, rank):
         return False
-    if func is not None and runs_rank_zero_first_by_callers(tree, func):
-        return False  # a dataset's own download: rank 0 runs it first, the others skip it
     trains = calls_training(tree, stmt)
     if trains is not None:
         # Guarded, rank 0 alone would train: the others wait in its all-reduce.
