@@ -1967,3 +1967,18 @@ def _assigned_in(view, method: cst.FunctionDef, name: str) -> bool:
         any(dotted(target.target) == name for target in assign.targets)
         for assign in view.within(method, cst.Assign)
     )
+
+
+def replicated_steps(tree: Tree) -> list:
+    """The training loops of this module that run whole on every rank (steps that keep
+    their batch whole, analysis/unsplittable.py; migrate/replicate.py marks them): their
+    global batch is the original's, whatever the world size."""
+    _, unresolved = train_loaders(tree)
+    models = model_names(tree)
+    found = []
+    for loop in unresolved:
+        if stream_batch(tree, loop) is None:
+            step = unsplittable_step(tree, loop, models)
+            if step is not None:
+                found.append(step)
+    return found
