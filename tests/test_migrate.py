@@ -164,6 +164,18 @@ def test_accumulation_the_wrap_brings_about_is_reported_at_its_backward():
     assert not any("DDP040" in h.why for h in migrate_source(critic).needs_human)
 
 
+def test_a_hand_made_batch_is_split_once_where_it_enters_not_again_where_converted():
+    """`x, y = random_batch(4)`, then `x = torch.Tensor(np.array(x))` and `.to(device)`:
+    split again at each conversion, the batch shrank to an empty block on two ranks
+    (graykode's Word2Vec crashed). Its numpy draw is what the ranks must seed alike."""
+    result = migrate_source((CASES_DIR / "hand_batch_converted" / "before.py").read_text())
+    splits = [line.strip() for line in result.output.splitlines() if "RANK * len(" in line]
+    assert [line.split(" = ")[0] for line in splits] == ["input_batch", "target_batch"]
+    seeding = [h.why for h in result.needs_human if "draws the same one" in h.why]
+    assert len(seeding) == 1 and "the script does not seed numpy" in seeding[0]
+    assert "(`np.random.seed(0)`)" in seeding[0] and "torch" not in seeding[0]
+
+
 def test_dataparallel_on_one_branch_becomes_ddp_on_every_branch():
     """`DataParallel(m).cuda() if cuda else m` and `if cuda: m = DataParallel(m).cuda()`
     left CPU runs unwrapped: N processes training N models. DDP must hold on every path."""

@@ -34,7 +34,13 @@ from ddpify.analysis.roles import (
     training_loop_sources,
     training_loops,
 )
-from ddpify.analysis.seeding import ALIKE, CONDITIONAL, torch_seeding
+from ddpify.analysis.seeding import (
+    ALIKE,
+    CONDITIONAL,
+    STREAM_ADVICE,
+    drawn_streams,
+    stream_seeding,
+)
 from ddpify.analysis.streams import training_stream
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
@@ -460,20 +466,27 @@ def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
 def _note_unseeded_draws(tree: Tree, plan: Plan, split: str) -> None:
     """Each rank takes its block of the batch it draws itself: the blocks make up the
     original's batch only when every rank draws the same one, from torch seeded alike."""
-    seeding = torch_seeding(tree.view)
-    if seeding.kind == ALIKE:
+    # The streams the script draws from by name (`np.random.choice`); torch when none is
+    # seen (a `torch.randperm` in a helper module, a library's own draw).
+    streams = drawn_streams(tree.view) or ["torch"]
+    unseeded = [(s, stream_seeding(tree.view, s)) for s in streams]
+    unseeded = [(s, seeding) for s, seeding in unseeded if seeding.kind != ALIKE]
+    if not unseeded:
         return
-    why = (
-        f"torch is seeded only when `{seeding.condition}` holds"
+    why = " and ".join(
+        f"{stream} is seeded only when `{seeding.condition}` holds"
         if seeding.kind == CONDITIONAL
-        else "the script does not seed torch"
+        else f"the script does not seed {stream}"
+        for stream, seeding in unseeded
     )
+    names = " and ".join(stream for stream, _ in unseeded)
+    calls = ", ".join(f"`{STREAM_ADVICE[stream]}`" for stream, _ in unseeded)
     plan.needs_human(
         f"each rank keeps its block of the batch it draws, which is the original's batch only "
         f"when every rank draws the same one, and {why}: without a seed each rank draws its "
         "own batch, so the step trains on blocks of different random batches (the same "
-        "number of rows, not the original's batch); seed torch alike on every rank before "
-        "the batches are drawn (`torch.manual_seed(0)`) to keep the step exact",
+        f"number of rows, not the original's batch); seed {names} alike on every rank before "
+        f"the batches are drawn ({calls}) to keep the step exact",
         split,
     )
 
