@@ -473,12 +473,15 @@ def _note_unseeded_draws(tree: Tree, plan: Plan, split: str) -> None:
     unseeded = [(s, seeding) for s, seeding in unseeded if seeding.kind != ALIKE]
     if not unseeded:
         return
-    why = " and ".join(
+    never = [stream for stream, seeding in unseeded if seeding.kind != CONDITIONAL]
+    reasons = [
         f"{stream} is seeded only when `{seeding.condition}` holds"
-        if seeding.kind == CONDITIONAL
-        else f"the script does not seed {stream}"
         for stream, seeding in unseeded
-    )
+        if seeding.kind == CONDITIONAL
+    ]
+    if never:
+        reasons.insert(0, f"the script does not seed {' or '.join(never)}")
+    why = " and ".join(reasons)
     names = " and ".join(stream for stream, _ in unseeded)
     calls = ", ".join(f"`{STREAM_ADVICE[stream]}`" for stream, _ in unseeded)
     plan.needs_human(
