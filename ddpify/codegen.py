@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
 from ddpify.gates import comments
+from ddpify.guarded import Beside
 
 
 class ModuleText:
@@ -31,6 +32,24 @@ class ModuleText:
         # `inner`: remember the statements inside blocks too (see StatementCodes); for a
         # run that renders each module a few times (migrate), not for a long session.
         self._inner: StatementCodes | None = StatementCodes() if inner else None
+
+    def code_beside(self, module: cst.Module) -> Callable[[], str]:
+        """Start rendering `module` beside this process (a forked child, for a large
+        module); the function returned waits for its code, and from then on this
+        renderer knows the code of each of its statements as if it had rendered them."""
+        rendering = Beside(_rendered_statements, module)
+
+        def code() -> str:
+            text, top, inner = rendering.result()
+            nodes = (*module.header, *module.body, *module.footer)
+            style = (module.default_indent, module.default_newline)
+            for node, node_code_ in zip(nodes, top):
+                self._seen[id(node)] = (node, style, node_code_)
+            if self._inner is not None:
+                self._inner.adopt(module, inner)
+            return text
+
+        return code
 
     def code(self, module: cst.Module) -> str:
         if not module.has_trailing_newline or not (module.header or module.body or module.footer):
@@ -130,6 +149,16 @@ def node_code(node: cst.CSTNode, indent: str, newline: str, indents: Sequence[st
     return "".join(state.tokens)
 
 
+def _rendered_statements(module: cst.Module) -> tuple[str, list[str], dict]:
+    """`module`'s code, the code of each of its top-level nodes, and what a StatementCodes
+    learnt rendering them (see `ModuleText.code_beside`)."""
+    render = ModuleText(inner=True)
+    text = render.code(module)
+    nodes = (*module.header, *module.body, *module.footer)
+    style = (module.default_indent, module.default_newline)
+    return text, [render._node(module, node, style) for node in nodes], render._inner.exported()
+
+
 class StatementCodes:
     """Renders nodes like `node_code`, reusing the code of every statement inside a block
     that it rendered before in the same context.
@@ -143,11 +172,29 @@ class StatementCodes:
 
     def __init__(self) -> None:
         self._codes: dict[int, tuple[cst.CSTNode, tuple[str, ...], str]] = {}
+        # Codes another process rendered for the statements of `_adopted_modules`, by id
+        # (see `adopt`).
+        self._adopted: dict[int, tuple[tuple[str, ...], str]] = {}
+        self._adopted_modules: list[cst.Module] = []
+
+    def exported(self) -> dict[int, tuple[tuple[str, ...], str]]:
+        """What this has rendered, by statement id, for `adopt` in a process forked from
+        the one whose statements they are."""
+        return {key: (context, code) for key, (_, context, code) in self._codes.items()}
+
+    def adopt(self, module: cst.Module, codes: dict[int, tuple[tuple[str, ...], str]]) -> None:
+        """Reuse `codes`, exported by a process forked from this one after `module` was
+        made: its statements are the objects here at the same addresses (fork copies the
+        memory), and holding `module` keeps each of them alive, so no id in `codes`
+        can come to name another object while this lives."""
+        self._adopted_modules.append(module)
+        self._adopted.update(codes)
 
     def code(self, node: cst.CSTNode, indent: str, newline: str) -> str:
         """`node_code(node, indent, newline)` for a node at the module's top level."""
         state = _CachingCodegen(default_indent=indent, default_newline=newline)
         state.codes = self._codes
+        state.adopted = self._adopted
         if isinstance(node, cst.BaseStatement):
             state.statement(node)
         else:
@@ -157,6 +204,7 @@ class StatementCodes:
 
 class _CachingCodegen(_Codegen):
     codes: dict[int, tuple[cst.CSTNode, tuple[str, ...], str]]
+    adopted: dict[int, tuple[tuple[str, ...], str]]
 
     def statement(self, node: cst.BaseStatement) -> None:
         """Add a statement of a block (or of the module) as `node._codegen` adds it."""
@@ -164,6 +212,10 @@ class _CachingCodegen(_Codegen):
         known = self.codes.get(id(node))
         if known is not None and known[0] is node and known[1] == context:
             self.tokens.append(known[2])
+            return
+        adopted = self.adopted.get(id(node)) if self.adopted else None
+        if adopted is not None and adopted[0] == context:
+            self.tokens.append(adopted[1])
             return
         tokens = self.tokens
         start = len(tokens)

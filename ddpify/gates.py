@@ -15,6 +15,7 @@ import libcst as cst
 
 from ddpify.guarded import PARALLEL_CHARS, Beside, python_rejects
 from ddpify.libcst_speed import parse_module
+from ddpify.split_parse import parse_in_two
 
 
 class GateError(Exception):
@@ -29,13 +30,28 @@ class GateError(Exception):
 
 def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None) -> cst.Module:
     """The input must be Python that CPython compiles, and come back from libcst byte for
-    byte, or we must not touch it. `render` renders the module (default `Module.code`).
-    A large text is compiled in a forked child while libcst parses it here."""
-    compiling = Beside(_compile_verdict, text) if len(text) >= PARALLEL_CHARS else None
+    byte, or we must not touch it. `render` renders the module (default `Module.code`)."""
+    module = parse_input(text)
+    require_roundtrip(module.code if render is None else render(module), text)
+    return module
+
+
+def require_roundtrip(code: str, text: str) -> None:
+    """`code`, the parse of `text` rendered, must be `text` byte for byte."""
+    if code != text:
+        raise GateError("parse", "input does not round-trip through libcst unchanged")
+
+
+def parse_input(text: str) -> cst.Module:
+    """The first half of `check_roundtrip`: the parse of a text CPython compiles. A large
+    text is compiled in a forked child while libcst parses it, in two parts at once
+    (split_parse.py)."""
+    large = len(text) >= PARALLEL_CHARS
+    compiling = Beside(_compile_verdict, text) if large else None
     if compiling is None:
         _require_compiles(_compile_verdict(text))
     try:
-        module = parse_module(text)
+        module = parse_in_two(text) if large else parse_module(text)
         if compiling is not None:
             _require_compiles(compiling.result())
     except cst.ParserSyntaxError as exc:
@@ -45,8 +61,6 @@ def check_roundtrip(text: str, render: Callable[[cst.Module], str] | None = None
     finally:
         if compiling is not None:
             compiling.close()
-    if (module.code if render is None else render(module)) != text:
-        raise GateError("parse", "input does not round-trip through libcst unchanged")
     return module
 
 

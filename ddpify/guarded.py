@@ -165,19 +165,19 @@ def guarded(fn: Callable[..., T], text: str, *args: Any, timeout: float | None =
 
     Raises GaveUp when the child crashes or runs past `timeout` seconds.
     """
-    if inside() or not risky(text) or not _can_fork():
+    if inside() or not risky(text) or not can_fork():
         return deep(fn, text, *args)
     return isolated(fn, text, *args, timeout=FILE_TIMEOUT if timeout is None else timeout)
 
 
-def _can_fork() -> bool:
+def can_fork() -> bool:
     # Closures (a linter bound to a config) cross into a forked child without pickling.
     return "fork" in multiprocessing.get_all_start_methods()
 
 
 def isolated(fn: Callable[..., T], *args: Any, timeout: float = FILE_TIMEOUT) -> T:
     """`fn(*args)` in a forked child process; its result or exception comes back."""
-    if not _can_fork():
+    if not can_fork():
         return deep(fn, *args)
     context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
@@ -211,7 +211,7 @@ class Beside:
     def __init__(self, fn: Callable[..., T], *args: Any) -> None:
         self._fn, self._args = fn, args
         self._child = None
-        if _can_fork():
+        if can_fork():
             context = multiprocessing.get_context("fork")
             self._reader, writer = context.Pipe(duplex=False)
             self._child = context.Process(

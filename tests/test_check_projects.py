@@ -226,6 +226,72 @@ def test_the_data_module_checked_alone_says_nothing(tmp_path):
     assert _download_findings(tmp_path / "data.py") == []
 
 
+# -- DDP050: a method that saves, called on every rank by another module -------------------
+
+MODEL_MODULE = """\
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Model:
+    def __init__(self, net, rank):
+        self.rank = rank
+        self.net = DDP(net.cuda(rank), device_ids=[rank])
+
+    def save_state(self, path):
+        torch.save({{"net": self.net.module.state_dict()}}, path)
+
+    def save_guarded(self, path):
+        if self.rank == 0:
+            torch.save(self.net.module.state_dict(), path)
+"""
+
+TRAINER_MODULE = """\
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from model import Model
+
+
+def train_loop(rank, world_size):
+    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+    model = Model(torch.nn.Linear(2, 2), rank)
+    for epoch in range(3):
+{body}
+
+
+if __name__ == "__main__":
+    mp.spawn(train_loop, args=(2,), nprocs=2)
+"""
+
+
+def _method_project(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "model.py").write_text(MODEL_MODULE.format())
+    (tmp_path / "trainer.py").write_text(TRAINER_MODULE.format(body=body))
+    return tmp_path / "model.py"
+
+
+def test_a_saving_method_another_module_calls_on_every_rank_is_reported(tmp_path):
+    helper = _method_project(tmp_path, '        model.save_state("last.pt")')
+    [finding] = _findings(helper)
+    assert finding.startswith("11 `torch.save` in `Model.save_state()` runs on every rank:")
+    assert "trainer.py (distributed) calls `.save_state()` on its `Model`" in finding
+
+
+def test_a_saving_method_called_under_a_rank_guard_is_quiet(tmp_path):
+    body = '        if rank == 0:\n            model.save_state("last.pt")'
+    assert _findings(_method_project(tmp_path, body)) == []
+
+
+def test_a_method_that_guards_its_save_is_quiet(tmp_path):
+    assert _findings(_method_project(tmp_path, '        model.save_guarded("last.pt")')) == []
+
+
+def test_a_saving_method_no_module_calls_is_quiet(tmp_path):
+    assert _findings(_method_project(tmp_path, "        pass")) == []
+
+
 # -- DDP012: a load helper of another module drops the caller's device --------------------
 
 CHECKPOINTS = """\
@@ -287,6 +353,121 @@ def test_a_load_helper_that_passes_the_device_is_quiet(tmp_path):
 def test_a_load_helper_of_a_single_process_project_is_quiet(tmp_path):
     train = 'from ckpt import load_checkpoint\n\nstate = load_checkpoint("a.pt", "cpu")\n'
     assert _load_findings(_load_project(tmp_path, train=train)) == []
+
+
+def _severity_findings(path: Path) -> list[tuple[int, str, str]]:
+    report = check_paths([str(path)], select_rules(["DDP012"]))
+    return [(d.location.row, d.severity.value, d.message) for d in report.diagnostics]
+
+
+def test_a_plain_load_a_distributed_module_calls_is_reported_at_info(tmp_path):
+    train = DISTRIBUTED_TRAIN + 'plain = load_plain("b.pt")\n'
+    findings = _severity_findings(_load_project(tmp_path, train=train, fixed=True))
+    assert [(row, severity) for row, severity, _ in findings] == [(14, "info")]
+    assert "and train.py (distributed) uses `load_plain`" in findings[0][2]
+
+
+def test_a_plain_load_a_distributed_module_only_imports_is_quiet(tmp_path):
+    # DISTRIBUTED_TRAIN imports load_plain but never calls it.
+    assert _severity_findings(_load_project(tmp_path, fixed=True)) == []
+
+
+def test_a_plain_load_called_by_a_single_process_module_is_quiet(tmp_path):
+    train = 'from ckpt import load_plain\n\nstate = load_plain("a.pt")\n'
+    assert _severity_findings(_load_project(tmp_path, train=train, fixed=True)) == []
+
+
+EMA = """\
+import torch
+
+
+class Ema:
+    def __init__(self, model, resume=None):
+        self.model = model
+        if resume:
+            self._load(resume)
+
+    def _load(self, path):
+        self.model.load_state_dict(torch.load(path)["ema"])
+
+
+def restore(path):
+    if torch.cuda.is_available():
+        return torch.load(path)
+    return torch.load(path, map_location="cpu")
+
+
+def restore_chosen(path, gpu):
+    if gpu is None:
+        state = torch.load(path)
+    else:
+        state = torch.load(path, map_location=f"cuda:{gpu}")
+    return state
+"""
+
+STAR_TRAIN = """\
+import torch
+import torch.distributed as dist
+
+from ema import *
+
+dist.init_process_group("nccl")
+model = torch.nn.Linear(2, 2).cuda()
+ema = Ema(model, resume="ema.pt")
+state = restore("last.pt")
+other = restore_chosen("last.pt", None)
+"""
+
+
+def test_a_class_and_the_cuda_branch_of_a_star_imported_helper_are_reported(tmp_path):
+    (tmp_path / "ema.py").write_text(EMA)
+    (tmp_path / "train.py").write_text(STAR_TRAIN)
+    findings = _severity_findings(tmp_path / "ema.py")
+    # Not `restore_chosen`: its branches are the author's choice (a process per GPU or not).
+    assert [(row, severity) for row, severity, _ in findings] == [(11, "info"), (16, "info")]
+    assert (
+        "in `Ema._load()` has no `map_location`, and train.py (distributed) uses `Ema`"
+        in (findings[0][2])
+    )
+
+
+LAUNCHER = """\
+from ema import Ema
+
+
+class Launcher:
+    def __init__(self, model, resume):
+        self.ema = Ema(model, resume=resume)
+"""
+
+DDP_ENTRY = """\
+import torch
+import torch.distributed as dist
+
+import launcher
+
+dist.init_process_group("nccl")
+run = launcher.Launcher(torch.nn.Linear(2, 2).cuda(), resume="ema.pt")
+"""
+
+
+def test_a_load_two_imports_away_from_the_distributed_module_is_reported(tmp_path):
+    (tmp_path / "ema.py").write_text(EMA)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    (tmp_path / "ddp_train.py").write_text(DDP_ENTRY)
+    findings = _severity_findings(tmp_path / "ema.py")
+    assert [(row, severity) for row, severity, _ in findings] == [(11, "info")]
+    assert (
+        "ddp_train.py (distributed) uses `Launcher` of launcher.py, which uses `Ema`"
+        in (findings[0][2])
+    )
+
+
+def test_a_load_two_imports_away_from_a_single_process_module_is_quiet(tmp_path):
+    (tmp_path / "ema.py").write_text(EMA)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    (tmp_path / "sample.py").write_text("import launcher\n\nrun = launcher.Launcher(None, None)\n")
+    assert _severity_findings(tmp_path / "ema.py") == []
 
 
 # -- DDP040: a trainer module accumulates; another module wraps the model in DDP ----------

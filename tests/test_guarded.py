@@ -201,5 +201,5 @@ def test_beside_closed_early_leaves_no_child_running():
 
 
 def test_beside_without_fork_runs_the_work_here(monkeypatch):
-    monkeypatch.setattr(guarded, "_can_fork", lambda: False)
+    monkeypatch.setattr(guarded, "can_fork", lambda: False)
     assert guarded.Beside(_pid_and, 2).result() == (os.getpid(), 2)

@@ -5,6 +5,8 @@ tabs, CRLF, and when one statement object is rendered at two depths."""
 
 from __future__ import annotations
 
+import os
+
 import libcst as cst
 import pytest
 
@@ -132,3 +134,49 @@ def test_every_fixture_renders_as_libcst_renders_it():
         except cst.ParserSyntaxError:
             continue
         assert ModuleText(inner=True).code(module) == module.code, path
+
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+
+@needs_fork
+@pytest.mark.parametrize("text", [CLAUSES, AWKWARD], ids=["clauses", "awkward"])
+def test_a_module_rendered_beside_renders_here_from_the_childs_codes(text, monkeypatch):
+    """`code_beside` renders in a forked child; this process then renders the rewritten
+    module from the child's codes: byte for byte what libcst renders, and without
+    rendering again a statement the rewrite kept."""
+    from ddpify import codegen
+
+    old = cst.parse_module(text)
+    new = _guard_prints(old)
+    render = ModuleText(inner=True)
+    assert render.code_beside(old)() == text
+    rendered: list[cst.CSTNode] = []
+    real = codegen._through_codes
+
+    def spy(node):
+        rendered.append(node)
+        return real(node)
+
+    monkeypatch.setattr(codegen, "_through_codes", spy)
+    assert render.code(old) == text and not rendered  # every code came from the child
+    assert render.code(new) == new.code
+    tree = Tree(old)
+    kept = {id(n) for n in tree.find(cst.BaseStatement) if "print(" not in tree.code(n)}
+    assert rendered and not [n for n in rendered if id(n) in kept]
+
+
+@needs_fork
+def test_an_input_rendered_beside_that_does_not_round_trip_is_refused(monkeypatch):
+    """Migrate renders a large input beside its analysis; a render that differs from the
+    text fails the parse gate as it does when rendered here, before any other verdict."""
+    from ddpify import codegen
+    from ddpify.gates import GateError
+    from ddpify.migrate import migrate_source, pipeline
+
+    monkeypatch.setattr(pipeline, "PARALLEL_CHARS", 0)
+    monkeypatch.setattr(codegen, "_rendered_statements", lambda module: ("other\n", [], {}))
+    text = (FIXTURES / "migrate" / "single_main_argparse" / "before.py").read_text()
+    with pytest.raises(GateError) as refused:
+        migrate_source(text, "train.py")
+    assert refused.value.pass_name == "parse" and "round-trip" in refused.value.reason

@@ -173,3 +173,37 @@ def test_owner_is_the_module_holding_a_node_for_a_tree_and_a_project_view():
     assert view.owner(call) is entry
     assert view.owner(returned) is helper
     assert view.owner(cst.Name("elsewhere")) is None
+
+
+def _plain_order(tree: Tree) -> dict:
+    return dict(zip(tree.nodes, range(len(tree.nodes))))
+
+
+@pytest.mark.parametrize("tree", _trees())
+def test_each_nodes_order_is_its_last_index_in_the_walk(tree):
+    order, plain = tree.order, _plain_order(tree)
+    assert len(order) == len(plain)
+    assert all(order[node] == index for node, index in plain.items())
+    assert cst.Name("elsewhere") not in order and order.get(cst.Name("x"), -1) == -1
+
+
+def test_the_order_of_a_tree_a_pass_made_counts_the_statements_it_moved():
+    # A statement object twice (at the top level and in a function), and a tree made
+    # from the one before: each node's order is its last place in this tree's walk.
+    module = cst.parse_module(NESTED)
+    before = Tree(module)
+    before.order[module.body[-1]]  # the segments keep their indexes: reused below
+    moved = module.body[1]
+    outer = next(s for s in module.body if isinstance(s, cst.FunctionDef))
+    edited = module.with_changes(
+        body=[
+            moved,
+            *module.body[:2],
+            outer.with_changes(body=outer.body.with_changes(body=[moved, *outer.body.body])),
+            *module.body[2:],
+        ]
+    )
+    after = Tree(edited, previous=before)
+    plain = _plain_order(after)
+    assert len(after.order) == len(plain)
+    assert all(after.order[node] == index for node, index in plain.items())

@@ -10,12 +10,14 @@ in the function that makes the call; with no such assignment nothing is known.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
 
+from ddpify.analysis.guards import classify, excludes_rank_zero, rank_zero_scope
 from ddpify.analysis.model import ScriptModel
 from ddpify.analysis.names import ImportMap, dotted, find_arg
 from ddpify.analysis.training import parameter_index
@@ -82,6 +84,175 @@ def per_process_values(
             if found is not None:
                 shown, source = found
                 yield PerProcessValue(path, call, shown, source)
+
+
+def calling_modules(name: str, helper: Path, importers: Sequence[Path]) -> list[Path]:
+    """The modules among `importers` (paths) that call `name`, a module-level function or
+    class of `helper`, by its imported name (`load_checkpoint(model, path)`,
+    `checkpoint.load_checkpoint(...)`, or `ModelEma(model)` after `from timm.utils import *`).
+
+    Read with Python's `ast`: an entry script libcst would rather not parse in this
+    process (deep nesting) still says what it calls."""
+    stem = helper.parent.name if helper.name == "__init__.py" else helper.stem
+    return [path for path in importers if _calling_owners(path, stem, name) is not None]
+
+
+def owners_calling(name: str, helper: Path, importer: Path) -> list[str]:
+    """The module-level functions and classes of `importer` whose code calls `name` of
+    `helper` (`Launcher`, whose `__init__` builds a `CheckPoint`)."""
+    stem = helper.parent.name if helper.name == "__init__.py" else helper.stem
+    return [owner for owner in _calling_owners(importer, stem, name) or () if owner]
+
+
+def _calling_owners(path: Path, stem: str, name: str) -> list[str] | None:
+    """The names of the module-level functions and classes of `path` that call `name` of
+    module `stem` ("" for a call outside them); None when nothing in `path` calls it."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    aliases, star_modules, defined = _ast_bindings(tree)
+    star = (
+        name not in aliases
+        and name not in defined
+        and any(module.rsplit(".", 1)[-1] == stem for module in star_modules)
+    )
+    owners = []
+    for statement in tree.body:
+        if _ast_calls_in(statement, aliases, f"{stem}.{name}", name if star else None):
+            owner = isinstance(statement, _AST_OWNERS) and statement.name  # type: ignore[union-attr]
+            owners.append(owner or "")
+    return owners or None
+
+
+_AST_OWNERS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _ast_calls_in(root: ast.AST, aliases: dict[str, str], suffix: str, bare: str | None) -> bool:
+    for node in ast.walk(root):
+        if not isinstance(node, ast.Call):
+            continue
+        written = _ast_dotted(node.func)
+        if written is None:
+            continue
+        head, _, rest = written.partition(".")
+        if head in aliases:
+            qualified = f"{aliases[head]}.{rest}" if rest else aliases[head]
+            if qualified == suffix or qualified.endswith(f".{suffix}"):
+                return True
+        elif written == bare:
+            return True
+    return False
+
+
+def _ast_bindings(tree: ast.Module) -> tuple[dict[str, str], list[str], set[str]]:
+    """Names bound by imports (`local -> module.name` as written, relative dots kept),
+    the modules imported with `*`, and the names the module defines at top level."""
+    aliases: dict[str, str] = {}
+    star_modules: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                aliases[local] = alias.name if alias.asname else local
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            for alias in node.names:
+                if alias.name == "*":
+                    star_modules.append(module)
+                else:
+                    aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    return aliases, star_modules, defined
+
+
+def _ast_dotted(node: ast.expr) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+@dataclass(frozen=True)
+class MethodCall:
+    """`model.save_training_state(logger)` in an importer, `model = Model(...)` there."""
+
+    path: Path  # the calling module
+    call: cst.Call
+
+
+def unguarded_method_calls(
+    cls: str,
+    method: str,
+    helper: Path,
+    importers: Sequence[tuple[Path, cst.Module, ImportMap]],
+) -> list[MethodCall]:
+    """The calls of `method` on an instance of `cls` (a module-level class of `helper`) in
+    `importers`, made inside a function and under no rank guard of that function: the
+    instance is a name the importer assigns a construction of `cls` to (`model =
+    Model(hp, net)`). What calls that function is not followed."""
+    stem = helper.parent.name if helper.name == "__init__.py" else helper.stem
+    found = []
+    for path, module, imports in importers:
+        constructions = {id(call) for call, _ in _calls(module, imports, f"{stem}.{cls}")}
+        if not constructions:
+            continue
+        instances = _names_assigned(module, constructions)
+        found.extend(MethodCall(path, call) for call in _unguarded_calls(module, method, instances))
+    return found
+
+
+def _names_assigned(module: cst.Module, calls: set[int]) -> set[str]:
+    names: set[str] = set()
+
+    def enter(node: cst.CSTNode) -> None:
+        if type(node) is cst.Assign and id(node.value) in calls:
+            names.update(filter(None, (dotted(t.target) for t in node.targets)))
+
+    walk(module, enter, lambda node: None)
+    return names
+
+
+def _unguarded_calls(module: cst.Module, method: str, receivers: set[str]) -> list[cst.Call]:
+    ancestors: list[cst.CSTNode] = []
+    found: list[cst.Call] = []
+
+    def enter(node: cst.CSTNode) -> None:
+        ancestors.append(node)
+        if (
+            type(node) is cst.Call
+            and type(node.func) is cst.Attribute
+            and node.func.attr.value == method
+            and dotted(node.func.value) in receivers
+            and any(type(a) is cst.FunctionDef for a in ancestors)
+            and not _rank_guarded(ancestors)
+        ):
+            found.append(node)
+
+    walk(module, enter, lambda node: ancestors.pop())
+    return found
+
+
+def classify_rank(test: cst.BaseExpression) -> bool:
+    return classify(test) is not None or excludes_rank_zero(test)
+
+
+def _rank_guarded(ancestors: Sequence[cst.CSTNode]) -> bool:
+    """Under a rank-0 guard, or a branch of a test that names a rank either way."""
+    if rank_zero_scope(ancestors) is not None:
+        return True
+    return any(
+        type(parent) is cst.If and child is not parent.test and classify_rank(parent.test)
+        for parent, child in zip(ancestors, ancestors[1:])
+    )
 
 
 def constructor_arguments(

@@ -553,6 +553,21 @@ class LocalFunctions:
             self.used[str(path)] = digest
         return [path for path, _ in found]
 
+    def distributed_importers_of(self, path: Path) -> list[Path]:
+        """`distributed_importers` of another module of the project (recorded as
+        dependencies of the result, as the checked file's own are)."""
+        found = distributed_importers(path)
+        for other, digest in found:
+            self.used[str(other)] = digest
+        return [other for other, _ in found]
+
+    def importers_of(self, path: Path) -> list[Path]:
+        """`importers` of a module of the project (recorded as dependencies)."""
+        found = importers(path)
+        for other, digest in found:
+            self.used[str(other)] = digest
+        return [other for other, _ in found]
+
     def ddp_wrapping_modules(self) -> list[Path]:
         """The other modules of the project that wrap models in DDP (recorded as
         dependencies of the result)."""

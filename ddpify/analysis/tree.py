@@ -6,7 +6,7 @@ a transformer that compares `original_node` by identity; the next pass builds a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Callable
 
 import libcst as cst
@@ -46,15 +46,21 @@ class Tree:
     statement object that a pass left alone is the same subtree in the next tree: with
     `previous` (the tree before the pass) its segment is reused, not walked again, and
     a pass costs the statements it rebuilt, not the file. `text`, when known, is the
-    module's code (saves rendering it for `Tree.text`)."""
+    module's code (saves rendering it for `Tree.text`); else `render` makes it when
+    asked (migrate's renderer reuses the code of statements it rendered before)."""
 
     def __init__(
-        self, module: cst.Module, text: str | None = None, previous: Tree | None = None
+        self,
+        module: cst.Module,
+        text: str | None = None,
+        previous: Tree | None = None,
+        render: Callable[[cst.Module], str] | None = None,
     ) -> None:
         self.module = module
         self._text = text
+        self._render = render
         self._by_kind: dict[type, list[cst.CSTNode]] = {}
-        self._order: dict[cst.CSTNode, int] | None = None
+        self._order: Mapping[cst.CSTNode, int] | None = None
         self._nodes: list[cst.CSTNode] | None = None
         self._parent_ids: list[int] | None = None
         self._call_names: list[tuple[cst.Call, str | None, str | None]] | None = None
@@ -72,6 +78,7 @@ class Tree:
         tree = cls.__new__(cls)
         tree.module = module
         tree._text = None
+        tree._render = None
         tree._by_kind = {}
         tree._order = None
         tree._nodes = None
@@ -177,10 +184,13 @@ class Tree:
         return self._nodes
 
     @property
-    def order(self) -> dict[cst.CSTNode, int]:
+    def order(self) -> Mapping[cst.CSTNode, int]:
         """Each node's index in `nodes` (the last one, for a node that occurs twice)."""
         if self._order is None:
-            self._order = dict(zip(self.nodes, range(len(self.nodes))))
+            if self._segment_of:
+                self._order = _SegmentedOrder(self)
+            else:  # one flat segment (`from_walk`)
+                self._order = dict(zip(self.nodes, range(len(self.nodes))))
         return self._order
 
     @property
@@ -196,7 +206,7 @@ class Tree:
     def text(self) -> str:
         """The module's code (rendered once per tree)."""
         if self._text is None:
-            self._text = self.module.code
+            self._text = self.module.code if self._render is None else self._render(self.module)
         return self._text
 
     # -- structure -------------------------------------------------------------------
@@ -369,6 +379,51 @@ class Tree:
         return None
 
 
+class _SegmentedOrder(Mapping):
+    """`Tree.order` answered per top-level statement: a node's index is where its
+    statement's segment begins in `nodes` plus its index in the segment. A segment keeps
+    its own index (`_Segment.order`), reused by every tree that reuses the segment, so a
+    tree a pass made costs the statements the pass rebuilt, not a map of every node."""
+
+    __slots__ = ("_tree", "_starts")
+
+    def __init__(self, tree: Tree) -> None:
+        self._tree = tree
+        starts: dict[int, int] = {}
+        at = 1  # the module is node 0
+        for segment in tree._segments:
+            starts[id(segment)] = at  # a segment twice (one statement twice): its last place
+            at += 1 + len(segment.inner)
+        self._starts = starts
+
+    def __getitem__(self, node: cst.CSTNode) -> int:
+        tree = self._tree
+        module, parent = tree.module, tree.parent
+        if node is module:
+            return 0
+        top, above = node, parent[node]  # KeyError for a node of another tree
+        while above is not module:
+            top, above = above, parent[above]
+        segment = tree._segment_of[top]
+        start = self._starts[id(segment)]
+        return start if top is node else start + 1 + segment.order()[node]
+
+    def get(self, node: cst.CSTNode, default=None):
+        try:
+            return self[node]
+        except KeyError:
+            return default
+
+    def __contains__(self, node: object) -> bool:
+        return node is self._tree.module or node in self._tree.parent
+
+    def __len__(self) -> int:
+        return len(self._tree.parent) + 1
+
+    def __iter__(self) -> Iterator[cst.CSTNode]:
+        return iter(dict.fromkeys(self._tree.nodes))
+
+
 class _Segment:
     """The walk of one top-level statement: its nodes below it in pre-order (ddpify.walk
     skips formatting children), the parent of each, its imports, and per-kind lists
@@ -384,6 +439,7 @@ class _Segment:
         "_kinds",
         "_calls",
         "_parent_ids",
+        "_order",
     )
 
     def __init__(self, statement: cst.CSTNode, walked: _Walked | None = None) -> None:
@@ -397,6 +453,7 @@ class _Segment:
         self._kinds: dict[type, list[cst.CSTNode]] = {}
         self._calls: list[tuple[cst.Call, str | None]] | None = None
         self._parent_ids: list[int] | None = None
+        self._order: dict[cst.CSTNode, int] | None = None
         if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
             self.imports.append(statement)
         self._walk(statement, walked)
@@ -452,7 +509,14 @@ class _Segment:
         segment.spans = {}
         segment._by_type, segment._kinds, segment._calls = None, {}, None
         segment._parent_ids = None
+        segment._order = None
         return segment
+
+    def order(self) -> dict[cst.CSTNode, int]:
+        """Each node's index in `inner` (the last, for a node that occurs twice)."""
+        if self._order is None:
+            self._order = dict(zip(self.inner, range(len(self.inner))))
+        return self._order
 
     def of_kind(self, kind: type) -> list:
         found = self._kinds.get(kind)

@@ -22,7 +22,8 @@ from ddpify.gates import (
     GateError,
     check_comments_kept,
     check_compiles,
-    check_roundtrip,
+    parse_input,
+    require_roundtrip,
 )
 from ddpify.gc_tuning import no_collections
 from ddpify.guarded import PARALLEL_CHARS, Beside, GaveUp, guarded
@@ -113,34 +114,37 @@ def _migrate_sources(
     names = list(texts)
     several = len(names) > 1
     if parsed is None:
-        parsed = [
-            _in_file(name, several, check_roundtrip, texts[name], render.code) for name in names
-        ]
+        parsed = [_in_file(name, several, parse_input, texts[name]) for name in names]
+        # Each input must render back to its text; a large one renders in a forked child
+        # while this process builds its tree and analyses the project (seconds on 100k
+        # lines). A second run's input, the output, is mostly rendered already.
+        rendered = [_rendering(render, module, texts[name]) for name, module in zip(names, parsed)]
     else:
-        for name, module in zip(names, parsed):
-            if render.code(module) != texts[name]:
-                _in_file(name, several, _not_roundtrip)
+        rendered = [(lambda module=module: render.code(module)) for module in parsed]
     modules = parsed
-    trees = link(
-        [
-            Tree(module, texts[name], previous=walked[index] if walked else None)
-            for index, (name, module) in enumerate(zip(names, modules))
-        ]
-    )
-    stages = {name: [("input", texts[name])] for name in names}
+    # Each pass's module per file; its code is rendered when a gate asks (see Stages).
+    stages = {name: [("input", module)] for name, module in zip(names, modules)}
     try:
-        plans = analyze_project(trees, options)
+        try:
+            trees = link(
+                [
+                    Tree(module, texts[name], previous=walked[index] if walked else None)
+                    for index, (name, module) in enumerate(zip(names, modules))
+                ]
+            )
+            plans = analyze_project(trees, options)
+        finally:  # before any other verdict: a text that does not round-trip is not read
+            for name, code in zip(names, _all_called(rendered)):
+                _in_file(name, several, require_roundtrip, code, texts[name])
         for pass_name, run in passes:
             changed = False
             for index, name in enumerate(names):
                 tree, plan = trees[index], plans[index]
-                module, code = _in_file(
-                    name, several, _run_pass, pass_name, run, tree, plan, render
-                )
-                if code is not None:
-                    trees[index] = Tree(module, code, previous=tree)
+                module = _in_file(name, several, _run_pass, pass_name, run, tree, plan)
+                if module is not tree.module:
+                    trees[index] = Tree(module, previous=tree, render=render.code)
                     changed = True
-                stages[name].append((pass_name, stages[name][-1][1] if code is None else code))
+                    stages[name].append((pass_name, module))
             if changed:
                 trees = link(trees)
     except NotMigrated as exc:
@@ -149,7 +153,8 @@ def _migrate_sources(
             for name in names
         ]
     results = [
-        _result(name, texts[name], stages[name][-1][1], plan) for name, plan in zip(names, plans)
+        _result(name, texts[name], _output_code(stages[name], texts[name], render), plan)
+        for name, plan in zip(names, plans)
     ]
     if not gates:
         return _located(results)
@@ -159,14 +164,14 @@ def _migrate_sources(
         outputs = []  # each output as libcst parses it (parsed once, for every gate)
         for index, (name, result) in enumerate(zip(names, results)):
             ends = (modules[index], finals[index])
-            _in_file(name, several, _gate_compiles, stages[name], render, ends)
+            _in_file(name, several, _gate_compiles, stages[name], render, result.output)
             parse = _output_parser(*ends, render)
             outputs.append(
                 _in_file(
                     name, several, check_compiles, result.output, "output", "<output>", parse, True
                 )
             )
-            _in_file(name, several, _gate_comments, stages[name], render, ends)
+            _in_file(name, several, _gate_comments, stages[name], render)
         if any(result.changed for result in results):
             if ahead is not None and all(map(splice.same_tree, outputs, finals)):
                 found = ahead.results()
@@ -220,25 +225,49 @@ def _in_file(name: str, several: bool, fn, *args):
         raise
 
 
-def _not_roundtrip() -> None:
-    raise GateError("parse", "input does not round-trip through libcst unchanged")
+def _all_called(functions: list[Callable[[], str]]) -> list[str]:
+    """Each function's value; when one raises, the others are still called (each waits
+    for its child) before the first error is raised."""
+    values, error = [], None
+    for function in functions:
+        try:
+            values.append(function())
+        except Exception as exc:  # noqa: BLE001 - raised below, once every child is done
+            error = error or exc
+    if error is not None:
+        raise error
+    return values
 
 
-def _run_pass(
-    name: str, run, tree: Tree, plan: Plan, render: ModuleText
-) -> tuple[cst.Module, str | None]:
-    """The module after the pass, and its code (None: the pass changed nothing)."""
+def _rendering(render: ModuleText, module: cst.Module, text: str) -> Callable[[], str]:
+    """A function that returns `module`'s code: rendered beside this process for a large
+    text (see `ModuleText.code_beside`), else here when called."""
+    if len(text) >= PARALLEL_CHARS:
+        return render.code_beside(module)
+    return lambda: render.code(module)
+
+
+def _run_pass(name: str, run, tree: Tree, plan: Plan) -> cst.Module:
+    """The module after the pass (`tree.module` itself when it changed nothing)."""
     try:
         edits = run(tree, plan)
         if not edits:
-            return tree.module, None
-        module = edits.apply(tree.module, tree.parent)
-        code = render.code(module)
+            return tree.module
+        return edits.apply(tree.module, tree.parent)
     except NotMigrated:
         raise
     except Exception as exc:  # a bug in the pass: blame it, write nothing
         raise GateError(name, f"{type(exc).__name__}: {exc}") from exc
-    return module, code
+
+
+# The modules a file went through: ("input", the parse), then (pass, its output) for each
+# pass that changed it. Only the last is rendered on every run; a gate that fails renders
+# the others to blame a pass (rendering after every pass cost seconds on 100k lines).
+Stages = list[tuple[str, cst.Module]]
+
+
+def _output_code(stages: Stages, text: str, render: ModuleText) -> str:
+    return text if len(stages) == 1 else render.code(stages[-1][1])
 
 
 def _written_code(
@@ -269,18 +298,16 @@ def _compile_error(code: str) -> Exception | None:
     return None
 
 
-def _gate_compiles(
-    stages: list[tuple[str, str]], render: ModuleText, ends: tuple[cst.Module, cst.Module]
-) -> None:
-    """The output must compile under Python's own compiler. The input compiled, so the
-    statements the passes wrote are compiled alone (see `_written_code`); when they do not
-    compile, the first pass whose output does not compile is blamed."""
-    output = stages[-1][1]
-    written = _written_code(render, *ends, output)
+def _gate_compiles(stages: Stages, render: ModuleText, output: str) -> None:
+    """The output (the code of the last stage) must compile under Python's own compiler.
+    The input compiled, so the statements the passes wrote are compiled alone (see
+    `_written_code`); when they do not compile, the first pass whose output does not
+    compile is blamed."""
+    written = _written_code(render, stages[0][1], stages[-1][1], output)
     if _compile_error(output if written is None else written) is None:
         return
-    for pass_name, code in stages[1:]:
-        error = _compile_error(code)
+    for pass_name, module in stages[1:]:
+        error = _compile_error(render.code(module))
         if error is not None:
             raise GateError(pass_name, f"output does not compile: {error}") from None
     error = _compile_error(output)  # the statements alone do not, the whole text may
@@ -314,16 +341,14 @@ def _amp_label(plan: Plan) -> str:
     return "off" if plan.shape.converts else "unchanged"
 
 
-def _gate_comments(
-    stages: list[tuple[str, str]], render: ModuleText, ends: tuple[cst.Module, cst.Module]
-) -> None:
-    """No comment of the input may be lost; blame the first pass that dropped one.
-    `ends`: the modules of the first and last stage (whose code `render` made)."""
-    if not render.lost_comments(*ends):
+def _gate_comments(stages: Stages, render: ModuleText) -> None:
+    """No comment of the input may be lost; blame the first pass that dropped one."""
+    if not render.lost_comments(stages[0][1], stages[-1][1]):
         return
-    for (_, before), (name, after) in zip(stages, stages[1:]):
+    codes = [(name, render.code(module)) for name, module in stages]
+    for (_, before), (name, after) in zip(codes, codes[1:]):
         check_comments_kept(before, after, name)
-    check_comments_kept(stages[0][1], stages[-1][1], "pipeline")
+    check_comments_kept(codes[0][1], codes[-1][1], "pipeline")
 
 
 def _gate_idempotent(

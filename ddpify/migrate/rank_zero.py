@@ -17,6 +17,7 @@ from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.reachability import never_run
 from ddpify.analysis.roles import calls_forward, calls_training, replicated_steps
+from ddpify.analysis.side_effects import FILE_WRITERS, STDOUT_WRITES
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan, backward_calls, model_names, training_loops
@@ -30,17 +31,6 @@ WRITER_CLASSES = ("SummaryWriter",)
 WANDB = {"init", "log", "finish", "save", "watch", "log_artifact"}
 BUFFER_WORDS = ("BatchNorm", "register_buffer", "running_mean")
 RANK_CONSTANT = 'RANK = int(os.environ.get("RANK", "0"))\n'
-# Progress lines written straight to the terminal (`sys.stdout.write("\r[Epoch %d] ...")`):
-# logs like print. Not stderr: a warning or an error there may be any rank's own.
-STDOUT_WRITES = ("sys.stdout.write",)
-# Calls that write a file of their own: every rank would write the same path (a sample grid
-# a GAN writes each few hundred steps: N writers to one image).
-FILE_WRITERS = (
-    "torch.save",
-    "torchvision.utils.save_image",
-    "torchvision.io.write_png",
-    "torchvision.io.write_jpeg",
-)
 
 
 def run(tree: Tree, plan: Plan) -> Edits:

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 
+from ddpify.analysis.call_sites import calling_modules, owners_calling
+from ddpify.analysis.devices import cuda_placement
 from ddpify.analysis.names import find_arg, method_name
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
@@ -9,6 +13,7 @@ from ddpify.rules.devices._common import DistributedRule, function_parameters
 from ddpify.walk import walk
 
 TORCH_LOAD = "torch.load"
+CUDA_AVAILABLE = "torch.cuda.is_available"
 
 
 def _with_cpu_map_location(call: cst.Call) -> cst.Call:
@@ -40,6 +45,11 @@ class LoadWithoutMapLocation(DistributedRule):
         self.mentions_cuda = False
         # Loads in a function that takes the caller's device: a helper module's candidates.
         self.helper_loads: list[tuple[cst.Call, cst.FunctionDef, str, bool]] = []
+        # Other loads in a module-level function or class: (load, that function or class,
+        # the function the load is in).
+        self.module_level_loads: list[
+            tuple[cst.Call, cst.FunctionDef | cst.ClassDef, cst.FunctionDef | None]
+        ] = []
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         raw = node.raw_value
@@ -58,35 +68,55 @@ class LoadWithoutMapLocation(DistributedRule):
         if self._other_branch_maps():
             return
         self.loads.append((node, self._feeds_load_state_dict()))
-        self._note_helper_load(node)
+        if not self._note_helper_load(node):
+            self._note_module_level_load(node)
 
-    def _note_helper_load(self, node: cst.Call) -> None:
+    def _note_helper_load(self, node: cst.Call) -> bool:
         """`def pt_load(path, map_location=None): torch.load(path)`, or `def load(w, device):
         torch.load(w).to(device)`: the caller says where to restore and the load ignores it."""
         function = self.context.enclosing(cst.FunctionDef)
         if type(function) is not cst.FunctionDef:
-            return
+            return False
         parameters = function_parameters(function)
         if "map_location" in parameters:
             self.helper_loads.append((node, function, "map_location", True))
-            return
+            return True
         for device in sorted(parameters & _DEVICE_PARAMETERS):
             if _moves_to(function, device):
                 self.helper_loads.append((node, function, device, False))
-                return
+                return True
+        return False
+
+    def _note_module_level_load(self, node: cst.Call) -> None:
+        """`def load_checkpoint(model, path): torch.load(path)`, or a method of a class
+        (`ModelEma._load_checkpoint`): what runs it is a caller of that module-level
+        function or class."""
+        ancestors = self.context.ancestors
+        owner = ancestors[1] if len(ancestors) > 1 else None
+        if type(owner) in (cst.FunctionDef, cst.ClassDef):
+            function = self.context.enclosing(cst.FunctionDef)
+            self.module_level_loads.append((node, owner, function))  # type: ignore[arg-type]
 
     def _other_branch_maps(self) -> bool:
         """`if args.gpu is None: torch.load(p) else: torch.load(p, map_location=loc)`:
-        the author chose where each kind of run restores to."""
+        the author chose where each kind of run restores to. Not the CUDA branch of
+        `if torch.cuda.is_available():` (the other maps to the CPU only for lack of a
+        GPU): there the unmapped load is the one every GPU rank runs."""
         ancestors = self.context.ancestors
         for parent, child in zip(reversed(ancestors[:-1]), reversed(ancestors[1:])):
             if type(parent) in (cst.FunctionDef, cst.ClassDef):
+                return False
+            if type(parent) is cst.If and child is parent.body and self._tests_cuda(parent):
                 return False
             if type(parent) is cst.If and child is not parent.test:
                 other = parent.orelse if child is parent.body else parent.body
                 if other is not None and self._maps_location(other):
                     return True
         return False
+
+    def _tests_cuda(self, node: cst.If) -> bool:
+        test = node.test
+        return type(test) is cst.Call and self.context.qualify(test.func) == CUDA_AVAILABLE
 
     def _maps_location(self, branch: cst.CSTNode) -> bool:
         found: list[bool] = []
@@ -111,10 +141,15 @@ class LoadWithoutMapLocation(DistributedRule):
         )
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.is_distributed() and self.model.framework is None and self.helper_loads:
-            self._report_helper_loads()
         framework = self.model.framework
-        if not (self.is_distributed() or framework) or not self._uses_cuda():
+        reported_here = bool(self.is_distributed() or framework) and self._uses_cuda()
+        if not self.is_distributed() and framework is None and self.helper_loads:
+            self._report_helper_loads()
+        if not reported_here and framework is None and self.module_level_loads:
+            # A helper module (perhaps with distributed helpers of its own, but no GPU
+            # in sight): its callers decide.
+            self._report_called_loads()
+        if not reported_here:
             return
         for call, into_state_dict in self.loads:
             shown = self.context.code(call)
@@ -169,13 +204,63 @@ class LoadWithoutMapLocation(DistributedRule):
                 )
             self.report(call, message)
 
+    def _report_called_loads(self) -> None:
+        """In a helper module (not distributed itself): a load in a function or class that
+        a distributed module of the project calls runs on every rank that calls it. Info:
+        the checkpoint may have been saved from the CPU, or only a single-process path of
+        that module may reach the load."""
+        importers = self.context.distributed_importers()
+        helper = self.context.local.file
+        if helper is None:
+            return
+        callers: dict[str, str | None] = {}  # a name -> who runs it distributed, in words
+        for call, owner, function in self.module_level_loads:
+            name = owner.name.value
+            if name not in callers:
+                callers[name] = self._distributed_caller(name, helper, importers)
+            if callers[name] is None:
+                continue
+            where = f"`{name}()`" if type(owner) is cst.FunctionDef else f"`{name}`"
+            if type(owner) is cst.ClassDef and type(function) is cst.FunctionDef:
+                where = f"`{name}.{function.name.value}()`"
+            self.report(
+                call,
+                f"`torch.load` in {where} has no `map_location`, and {callers[name]}, so every "
+                "rank restores the tensors onto the GPU that saved them, usually GPU 0; pass "
+                '`map_location="cpu"`',
+                severity=Severity.INFO,
+            )
+
+    def _distributed_caller(self, name: str, helper: Path, importers: list[Path]) -> str | None:
+        """Who runs `name` on every rank: a distributed module that calls it, or (two
+        imports away) one that calls a function or class of another module that calls it
+        (`trainer.Launcher(...)` in ddp_train.py, and `Launcher` makes a `CheckPoint`)."""
+        found = calling_modules(name, helper, importers)
+        if found:
+            return f"{found[0].name} (distributed) uses `{name}`"
+        local = self.context.local
+        for middle in local.importers_of(helper):
+            for owner in owners_calling(name, helper, middle):
+                outer = calling_modules(owner, middle, local.distributed_importers_of(middle))
+                if outer:
+                    return (
+                        f"{outer[0].name} (distributed) uses `{owner}` of {middle.name}, "
+                        f"which uses `{name}`"
+                    )
+        return None
+
     def _uses_cuda(self) -> bool:
         model = self.model
-        return (
+        if (
             self.mentions_cuda
             or bool(model.method_calls.get("cuda"))
             or any(name.startswith("torch.cuda.") for name in model.calls)
-        )
+        ):
+            return True
+        # `DDP(model, device_ids=[LOCAL_RANK])`, `.to(local_rank)`: on a GPU with no "cuda"
+        # written (the device comes from another module).
+        tree = self.context.tree
+        return cuda_placement(tree.nodes, tree.qualify, tree.parent) is not None
 
 
 # Parameter names that carry the device a caller wants the checkpoint on.

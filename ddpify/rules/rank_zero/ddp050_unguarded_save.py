@@ -4,9 +4,15 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from ddpify.analysis.call_sites import MethodCall, unguarded_method_calls
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.names import dotted
 from ddpify.analysis.project import LocalFunction
+from ddpify.analysis.side_effects import (
+    FILE_WRITERS,
+    SAVING_OBJECT_FACTORIES,
+    SAVING_OBJECT_PATH,
+)
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     Ancestors,
@@ -18,14 +24,11 @@ from ddpify.rules.rank_zero._common import (
 )
 from ddpify.walk import walk
 
-# Checkpoint writers and where their path argument is: (keyword, position).
-SAVE_CALLS = {
-    "torch.save": ("f", 1),
-    "torch.jit.save": ("f", 1),
-    "safetensors.torch.save_file": ("filename", 1),
-    "safetensors.torch.save_model": ("filename", 1),
-}
+# Writers of a file (checkpoints, sample images) and where their path argument is:
+# (keyword, position).
+SAVE_CALLS = FILE_WRITERS
 SAVE_METHODS = {"save_pretrained": ("save_directory", 0)}
+SCRIPT_MODULE_SAVE = "ScriptModule.save"  # `scripted = torch.jit.script(model)`; `scripted.save(f)`
 IN_MEMORY = {"io.BytesIO", "io.StringIO"}
 
 
@@ -74,21 +77,34 @@ class UnguardedSave(RankZeroRule):
             save = _Save(node, qualified, self.snapshot(), helper.path.name, helper)
             self.saves.append(save)
 
-    @staticmethod
-    def _save_callee(node: cst.Call, qualified: str | None) -> str | None:
+    def _save_callee(self, node: cst.Call, qualified: str | None) -> str | None:
         if qualified in SAVE_CALLS:
             return qualified
-        if (
-            qualified is None
-            and type(node.func) is cst.Attribute
-            and node.func.attr.value in SAVE_METHODS
-        ):
-            return node.func.attr.value
+        if qualified is not None or type(node.func) is not cst.Attribute:
+            return None
+        method = node.func.attr.value
+        if method in SAVE_METHODS:
+            return method
+        if method == "save" and self._saving_object(node.func.value):
+            return SCRIPT_MODULE_SAVE
         return None
+
+    def _saving_object(self, receiver: cst.BaseExpression) -> bool:
+        """Whether every value the file binds `receiver` to is a ScriptModule
+        (`torch.jit.script(model)`): its `.save(f)` writes a file."""
+        name = dotted(receiver)
+        values = self.context.model.bindings.get(name, ()) if name else ()
+        return bool(values) and all(
+            type(value) is cst.Call and self.context.qualify(value.func) in SAVING_OBJECT_FACTORIES
+            for value in values
+        )
 
     @staticmethod
     def _path(node: cst.Call, callee: str) -> cst.BaseExpression | None:
-        keyword, position = SAVE_CALLS.get(callee) or SAVE_METHODS[callee]
+        if callee == SCRIPT_MODULE_SAVE:
+            keyword, position = SAVING_OBJECT_PATH
+        else:
+            keyword, position = SAVE_CALLS.get(callee) or SAVE_METHODS[callee]
         arg = keyword_arg(node, keyword) or positional_arg(node, position)
         return arg.value if arg else None
 
@@ -109,8 +125,13 @@ class UnguardedSave(RankZeroRule):
         )
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.saves or self.delegates_to_framework() or not self.context.model.is_distributed:
+        if not self.saves or self.delegates_to_framework():
             return
+        if not self.context.model.is_distributed:
+            # A helper module: only its distributed importers say where its code runs.
+            self._report_methods_called_elsewhere(self.saves)
+            return
+        unknown: list[_Save] = []
         saving_helpers: dict[int, bool] = {}  # a helper called in many places: judged once
         for save in self.saves:
             helper = save.helper
@@ -121,6 +142,8 @@ class UnguardedSave(RankZeroRule):
             if helper is not None and not saving_helpers[id(helper.node)]:
                 continue
             resolution = self.facts.resolve(save.ancestors)
+            if not resolution.known:
+                unknown.append(save)
             if not resolution.known or resolution.scope is Scope.GLOBAL:
                 continue
             shown = self.context.code(save.call.func)
@@ -130,6 +153,39 @@ class UnguardedSave(RankZeroRule):
                 self.report(save.call, _local_message(shown), severity=Severity.INFO)
             else:
                 self.report(save.call, _message(shown, resolution.helper))
+        self._report_methods_called_elsewhere(unknown)
+
+    def _report_methods_called_elsewhere(self, saves: list[_Save]) -> None:
+        """A save in a method no code of this file calls (`Model.save_training_state`):
+        a distributed module of the project that builds the class and calls the method
+        inside a function, under no rank guard there, runs it on every rank."""
+        candidates = [
+            (save, *found)
+            for save in saves
+            if save.helper is None and (found := _method_of_class(save.ancestors)) is not None
+        ]
+        helper = self.context.local.file
+        if not candidates or helper is None:
+            return
+        distributed = set(self.context.distributed_importers())
+        if not distributed:
+            return
+        importers = [found for found in self.context.importing_modules() if found[0] in distributed]
+        calls: dict[tuple[str, str], list[MethodCall]] = {}
+        for save, cls, method in candidates:
+            if rank_zero_scope(save.ancestors) is not None:
+                continue
+            key = (cls, method)
+            if key not in calls:
+                calls[key] = unguarded_method_calls(cls, method, helper, importers)
+            if calls[key]:
+                caller = calls[key][0]
+                self.report(
+                    save.call,
+                    _called_elsewhere_message(
+                        self.context.code(save.call.func), cls, method, caller.path.name
+                    ),
+                )
 
 
 def _message(shown: str, helper: str | None) -> str:
@@ -137,6 +193,23 @@ def _message(shown: str, helper: str | None) -> str:
     return (
         f"{where} runs on every rank, so all processes write the same file; "
         "save under `if dist.get_rank() == 0:`"
+    )
+
+
+def _method_of_class(ancestors: Ancestors) -> tuple[str, str] | None:
+    """(class, method) when the node is in a method of a module-level class."""
+    if len(ancestors) > 3 and type(ancestors[1]) is cst.ClassDef:
+        method = ancestors[3]
+        if type(method) is cst.FunctionDef:
+            return ancestors[1].name.value, method.name.value
+    return None
+
+
+def _called_elsewhere_message(shown: str, cls: str, method: str, caller: str) -> str:
+    return (
+        f"`{shown}` in `{cls}.{method}()` runs on every rank: {caller} (distributed) calls "
+        f"`.{method}()` on its `{cls}` outside any rank-0 guard, so all processes write the "
+        "same file; save under `if dist.get_rank() == 0:`"
     )
 
 

@@ -6,6 +6,7 @@ import libcst as cst
 
 from ddpify.analysis.guards import Scope, rank_zero_scope
 from ddpify.analysis.names import dotted
+from ddpify.analysis.side_effects import STDOUT_WRITES
 from ddpify.diagnostics import Severity
 from ddpify.rules.rank_zero._common import (
     Ancestors,
@@ -123,7 +124,7 @@ class UnguardedLogging(RankZeroRule):
     def _kind(self, node: cst.Call, qualified: str | None) -> str | None:
         if qualified is None and type(node.func) is cst.Name and node.func.value == "print":
             return PRINT
-        if qualified in PRINTS:
+        if qualified in PRINTS or qualified in STDOUT_WRITES:
             return PRINT
         if qualified in PROGRESS_BARS:
             return BAR
