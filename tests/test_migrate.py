@@ -147,6 +147,35 @@ def test_evaluation_loader_is_left_whole_and_reported():
     assert any("not sharded" in item.why and item.line for item in result.needs_human)
 
 
+def test_accumulation_the_wrap_brings_about_is_reported_at_its_backward():
+    """Gradients accumulated over a config's `subdivisions`: once wrapped, every micro-step
+    all-reduces. No pass adds the `no_sync` (the step test reads a counter the loop body
+    sets), so the report names the backward, the step test and the remedy."""
+    result = migrate_source((CASES_DIR / "accumulation_by_setting" / "before.py").read_text())
+    lines = result.output.splitlines()
+    items = [h for h in result.needs_human if "(DDP040" in h.why]
+    assert [lines[h.line - 1].strip() for h in items] == ["SCALER.scale(loss).backward()"]
+    assert 'only when `batches_done % model.module.hyperparams["subdivisions"] == 0`' in (
+        items[0].why
+    )
+    assert "under `model.no_sync()`" in items[0].why
+    # A critic stepped every batch and a generator every n-th is no accumulation.
+    critic = (FIXTURES / "verify" / "critic_gp" / "original.py").read_text()
+    assert not any("DDP040" in h.why for h in migrate_source(critic).needs_human)
+
+
+def test_a_hand_made_batch_is_split_once_where_it_enters_not_again_where_converted():
+    """`x, y = random_batch(4)`, then `x = torch.Tensor(np.array(x))` and `.to(device)`:
+    split again at each conversion, the batch shrank to an empty block on two ranks
+    (graykode's Word2Vec crashed). Its numpy draw is what the ranks must seed alike."""
+    result = migrate_source((CASES_DIR / "hand_batch_converted" / "before.py").read_text())
+    splits = [line.strip() for line in result.output.splitlines() if "RANK * len(" in line]
+    assert [line.split(" = ")[0] for line in splits] == ["input_batch", "target_batch"]
+    seeding = [h.why for h in result.needs_human if "draws the same one" in h.why]
+    assert len(seeding) == 1 and "the script does not seed numpy" in seeding[0]
+    assert "(`np.random.seed(0)`)" in seeding[0] and "torch" not in seeding[0]
+
+
 def test_dataparallel_on_one_branch_becomes_ddp_on_every_branch():
     """`DataParallel(m).cuda() if cuda else m` and `if cuda: m = DataParallel(m).cuda()`
     left CPU runs unwrapped: N processes training N models. DDP must hold on every path."""

@@ -731,3 +731,23 @@ def test_a_function_a_computed_name_may_reach_counts_as_run(tmp_path):
     )
     outputs = _model_project(tmp_path, train)
     assert outputs[str(Path("models") / "net.py")].changed
+
+
+def test_loaders_drawn_together_are_each_sharded_and_a_datasets_own_download_left_alone(
+    tmp_path,
+):
+    """`zip(source_loader, target_loader)` trains on both: each gets its DistributedSampler
+    and its set_epoch (the second was taken for an unsharded evaluation loader). The
+    target dataset builds itself from the source one in its own `download()`: the entry
+    builds each dataset on rank 0 first, so rank 0 runs that method alone and the others
+    run it with the files there: a barrier in it would pair with the entry's wait (its
+    prints and writes may still be kept to rank 0)."""
+    work, migration = _migrated("paired_domains", tmp_path)
+    train = next(r for r in migration.results if r.filename.endswith("train.py"))
+    for loader in ("source", "target"):
+        assert f"sampler=DistributedSampler({loader}_dataset, shuffle=True)" in train.output
+        assert f"    {loader}_loader.sampler.set_epoch(epoch)\n" in train.output
+    assert not any("not sharded" in h.why or "DDP020" in h.why for h in train.needs_human)
+    helper = next(r for r in migration.results if r.filename.endswith("digits.py"))
+    assert "barrier" not in helper.output
+    assert not helper.needs_human

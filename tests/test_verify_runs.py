@@ -95,6 +95,8 @@ def batched_pairs() -> dict[str, tuple[Path, Path, dict]]:
     # 63 samples, 24 per process: step 2 trains on a sample the DistributedSampler repeated
     padded = {"script_args": ["--samples", "63", "--batch-size", "24"]}
     pairs["padded"] = (augment / "original.py", augment / "converted.py", padded)
+    critic = VERIFY / "critic_gp"
+    pairs["critic_gp"] = (critic / "original.py", critic / "converted.py", {})
     no_epochs = {"script_args": ["--epochs", "0"]}
     pairs["no epochs"] = (MLP / "original.py", MLP / "converted.py", no_epochs)
     return pairs
@@ -563,3 +565,27 @@ def test_verify_needs_no_numpy(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     result = verify(MLP / "converted.py", tmp_path)
     assert (result.exit_code, result.verdict) == (0, "match"), result.message
+
+
+@in_batch
+def test_the_words_count_every_optimizers_steps(batched):
+    """A critic stepped on every batch, the generator on every third (built first, so it is
+    optimizer 0, whose steps `--steps` counts): the data runs out after two generator
+    steps. The report says so, and that the match covers the critic's six steps too."""
+    result = batched("cpu")["critic_gp"]
+    assert (result.exit_code, result.verdict) == (0, "match"), result.message
+    assert "gradients match at all 8 optimizer steps (optimizer 0: 2, optimizer 1: 6)" in (
+        result.message
+    )
+    for role in ("original", "converted"):
+        assert (
+            f"the {role} script ended by itself after 2 of the 3 steps of optimizer 0 asked "
+            "for (the run stops at optimizer 0's step 3); meanwhile the other optimizers "
+            "stepped too (optimizer 1: 6)"
+        ) in result.notes
+    gradients = [(row.optimizer, row.step) for row in result.steps if row.compared == "gradients"]
+    assert sorted(gradients) == [(0, 1), (0, 2)] + [(1, step) for step in range(1, 7)]
+    assert (
+        "3 steps of optimizer 0 (every optimizer's steps until then compared)"
+        in (render_text(result).splitlines()[0])
+    )

@@ -159,6 +159,32 @@ def step_phases(
                     yield phase
 
 
+def steps_every_nth(
+    step_if: cst.If, body: Sequence[cst.BaseStatement], optimizers: Collection[str] = ()
+) -> bool:
+    """`if batches_done % model.hyperparams["subdivisions"] == 0: optimizer.step()` in a
+    loop body (`body`) whose backward runs on every iteration: accumulation, whatever its
+    count is called, when the test is a modulo test, the `if` runs no backward of its own
+    (a generator trained on every n-th critic step feeds its own step) and the body steps
+    no optimizer and zeroes no gradient outside it (a step on every iteration, or
+    gradients dropped on every iteration, accumulate nothing)."""
+    if not any(
+        type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo
+        for n in own_nodes(step_if.test)
+    ):
+        return False
+    inside = {id(n) for n in own_nodes(step_if.body)}
+    if any(type(n) is cst.Call and method_name(n) == "backward" for n in own_nodes(step_if.body)):
+        return False
+    for statement in body:
+        for node in own_nodes(statement):
+            if type(node) is not cst.Call or id(node) in inside:
+                continue
+            if method_name(node) == "zero_grad" or is_optimizer_step(node, optimizers):
+                return False
+    return True
+
+
 def counted_by_hand(root: cst.CSTNode, counter: str) -> bool:
     """Whether `counter` is ever incremented in place (`step += 1`): then a test before
     the increment and one after it may rightly differ by one."""

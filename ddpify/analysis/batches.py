@@ -70,6 +70,7 @@ def batch_assignments(loop: cst.CSTNode, models: set[str]) -> list[BatchAssignme
     arguments = _model_arguments(loop, models)
     outputs = model_outputs(loop, models)
     found: list[BatchAssignment] = []
+    entered: set[str] = set()  # names bound from a batch that entered the step earlier
     for node in body_nodes(loop):
         if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
             continue
@@ -83,7 +84,13 @@ def batch_assignments(loop: cst.CSTNode, models: set[str]) -> list[BatchAssignme
             continue
         if names_read(assign.value) & outputs:  # `states = detach(states)`: not a batch
             continue
+        if names_read(assign.value) & entered:
+            # `xb = xb.to(device)`, `x = torch.Tensor(x)`: the batch that entered above,
+            # converted; split there, it must not be split again here.
+            entered.update(names)
+            continue
         found.append(BatchAssignment(node, names, assign.value))
+        entered.update(names)
     return found
 
 

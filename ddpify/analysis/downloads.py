@@ -63,3 +63,52 @@ def downloads_on_any_rank(function: cst.FunctionDef) -> bool:
 
     walk(function, enter, lambda node: ancestors.pop())
     return any(found) and not barriers
+
+
+def runs_rank_zero_first_by_callers(tree, func: cst.FunctionDef) -> bool:
+    """`func` is a method of a project dataset class (`MNISTM`) every construction of which
+    passes `download=True`, and it runs only from that construction (its `__init__`, or a
+    method `__init__` calls through `self`, such as `self.download()`). The caller's
+    statement that builds the dataset is what the migration runs on rank 0 first
+    (migrate/downloads.py): rank 0 runs this alone, the others only after it, once the
+    files are there. The ranks never meet in it, so no barrier belongs there (it would
+    pair with the caller's wait), and the download in it races with nothing.
+
+    `tree` is the module holding `func`; its `view` the project."""
+    cls = tree.scope(func)
+    if not isinstance(cls, cst.ClassDef):
+        return False
+    methods = {f.name.value: f for f in tree.within(cls, cst.FunctionDef) if tree.scope(f) is cls}
+    if not _reached_from_init(tree, methods, func.name.value):
+        return False
+    view = tree.view
+    constructions = view.find(
+        cst.Call, lambda c: (dotted(c.func) or "").rsplit(".", 1)[-1] == cls.name.value
+    )
+    return bool(constructions) and all(download_argument(c) for c in constructions)
+
+
+def _reached_from_init(tree, methods: dict, name: str) -> bool:
+    """`name` is `__init__`, or a method `__init__` reaches through `self.<method>()`
+    calls and that nothing else in the project calls."""
+    reached = {"__init__"} & methods.keys()
+    frontier = list(reached)
+    while frontier:
+        for call in tree.within(methods[frontier.pop()], cst.Call):
+            callee = dotted(call.func) or ""
+            method = callee[5:] if callee.startswith("self.") else None
+            if method in methods and method not in reached:
+                reached.add(method)
+                frontier.append(method)
+    if name not in reached or name == "__init__":
+        return name in reached
+    callers = [methods[m] for m in reached if m != name]
+    cls = tree.scope(methods[name])
+    calls = tree.view.find(cst.Call, lambda c: (dotted(c.func) or "").rsplit(".", 1)[-1] == name)
+    for call in calls:
+        own = dotted(call.func) == f"self.{name}"
+        if own and not tree.inside(call, cls):
+            continue  # another class's method of the same name, on its own `self`
+        if not (own and any(tree.inside(call, m) for m in callers)):
+            return False
+    return True

@@ -33,7 +33,9 @@ CANONICAL = {
 }
 
 
-_STAR_EXPORTED = {"torch": "torch", "nn": "torch.nn"}
+# Names a `from utils import *` re-exports that can mean one module only (the scripts
+# call `sys.stdout.write(...)` with `sys` imported by the star-imported module alone).
+_STAR_EXPORTED = {"torch": "torch", "nn": "torch.nn", "sys": "sys", "os": "os"}
 _UNKNOWN = object()
 
 
@@ -158,8 +160,8 @@ class ImportMap:
         head, _, rest = path.partition(".")
         base = self.aliases.get(head)
         if base is None and self.star_imports:
-            # Research code re-exports torch through `from utils import *`; only the two
-            # conventional names are trusted to mean torch there.
+            # Research code re-exports torch through `from utils import *`; only the
+            # conventional names of _STAR_EXPORTED are trusted there.
             base = _STAR_EXPORTED.get(head)
         if base is None and head == "torch" and self.imports_any("torch"):
             # A torch script that uses `torch.` without `import torch` (a NameError the

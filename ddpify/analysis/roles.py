@@ -773,6 +773,20 @@ def iterated_name(loop: cst.For | cst.While, tree: Tree | None = None) -> str | 
     return name
 
 
+def zipped_names(loop: cst.For | cst.While) -> list[str]:
+    """The iterables a loop draws from together with the one `iterated_name` gives:
+    `source` and `target` in `for (a, _), (b, _) in enumerate(zip(source, target))`
+    (each through its own enumerate() or tqdm()); [] when the loop zips nothing."""
+    expr = loop.iter if isinstance(loop, cst.For) else None
+    while expr is not None and _is_iter_wrapper(expr):
+        callee = dotted(expr.func)  # type: ignore[attr-defined]
+        if callee is not None and callee.rsplit(".", 1)[-1] == "zip":
+            names = [_unwrapped(arg.value) for arg in expr.args if not arg.star]  # type: ignore[attr-defined]
+            return [name for name in names if name is not None]
+        expr = expr.args[0].value  # type: ignore[attr-defined]
+    return []
+
+
 def _is_iter_wrapper(expr: cst.BaseExpression) -> bool:
     callee = dotted(expr.func) if isinstance(expr, cst.Call) else None
     return callee is not None and callee.rsplit(".", 1)[-1] in ITER_WRAPPERS and bool(expr.args)
@@ -809,6 +823,8 @@ def _train_loaders(tree) -> tuple[list[Loader], list[cst.For]]:
             unresolved.append(loop)
             continue
         loader_names |= {name} | _arguments_for(tree, loop, name)
+        for other in zipped_names(loop):  # drawn together: each is a training loader
+            loader_names |= {other} | _arguments_for(tree, loop, other)
     loaders = []
     for call in tree.calls_to(DATA_LOADER):
         names = _names_of_loader(tree, call)
@@ -1951,3 +1967,18 @@ def _assigned_in(view, method: cst.FunctionDef, name: str) -> bool:
         any(dotted(target.target) == name for target in assign.targets)
         for assign in view.within(method, cst.Assign)
     )
+
+
+def replicated_steps(tree: Tree) -> list:
+    """The training loops of this module that run whole on every rank (steps that keep
+    their batch whole, analysis/unsplittable.py; migrate/replicate.py marks them): their
+    global batch is the original's, whatever the world size."""
+    _, unresolved = train_loaders(tree)
+    models = model_names(tree)
+    found = []
+    for loop in unresolved:
+        if stream_batch(tree, loop) is None:
+            step = unsplittable_step(tree, loop, models)
+            if step is not None:
+                found.append(step)
+    return found

@@ -190,13 +190,42 @@ class TorchSeeding:
     condition: str | None = None  # the first line of the condition, when CONDITIONAL
 
 
-def torch_seeding(view) -> TorchSeeding:
-    """Whether every rank seeds torch's global stream alike: ALIKE when some seed call
-    (`torch.manual_seed(0)`) runs on every path, CONDITIONAL when each one runs under a
-    condition (`if args.seed is not None:`, or a seeding helper only called under one),
-    UNSEEDED when the project never seeds torch. Code that splits one drawn batch by rank,
-    or replicates a step on every rank, is exact only when the ranks draw alike."""
-    calls = view.calls_to(*TORCH_SEEDS)
+# The global streams a script draws its batches from: their seed calls, and how a draw
+# from each is spelled (qualified names; `np.random.choice`, `random.sample`).
+STREAM_SEEDS = {
+    "torch": TORCH_SEEDS,
+    "numpy": ("numpy.random.seed",),
+    "random": ("random.seed",),
+}
+STREAM_ADVICE = {
+    "torch": "torch.manual_seed(0)",
+    "numpy": "np.random.seed(0)",
+    "random": "random.seed(0)",
+}
+_STREAM_DRAWS = {
+    "torch": ("torch.rand", "torch.multinomial", "torch.normal"),
+    "numpy": ("numpy.random.",),
+    "random": ("random.",),
+}
+
+
+def drawn_streams(view) -> list[str]:
+    """The global random streams (torch, numpy, random) the project's code draws from
+    by name (`np.random.choice(...)`, `random.sample(...)`, `torch.randint(...)`), in that
+    order; draws a library makes on its own (dropout, a loader's shuffle) are not seen."""
+    found = set()
+    for tree in view.trees:
+        for call in tree.find(cst.Call):
+            name = tree.qualify(call.func) or ""
+            if not is_draw(name):
+                continue
+            found |= {s for s, prefixes in _STREAM_DRAWS.items() if name.startswith(prefixes)}
+    return [stream for stream in STREAM_SEEDS if stream in found]
+
+
+def stream_seeding(view, stream: str) -> TorchSeeding:
+    """`torch_seeding` for one global stream: "torch", "numpy" or "random"."""
+    calls = view.calls_to(*STREAM_SEEDS[stream])
     if not calls:
         return TorchSeeding(UNSEEDED)
     conditions = [_seed_condition(view, call) for call in calls]
@@ -205,6 +234,15 @@ def torch_seeding(view) -> TorchSeeding:
             return TorchSeeding(ALIKE, call)
     first = conditions[0]
     return TorchSeeding(CONDITIONAL, calls[0], first.strip().splitlines()[0] if first else None)
+
+
+def torch_seeding(view) -> TorchSeeding:
+    """Whether every rank seeds torch's global stream alike: ALIKE when some seed call
+    (`torch.manual_seed(0)`) runs on every path, CONDITIONAL when each one runs under a
+    condition (`if args.seed is not None:`, or a seeding helper only called under one),
+    UNSEEDED when the project never seeds torch. Code that splits one drawn batch by rank,
+    or replicates a step on every rank, is exact only when the ranks draw alike."""
+    return stream_seeding(view, "torch")
 
 
 def _seed_condition(view, call: cst.Call) -> str | None:

@@ -34,7 +34,13 @@ from ddpify.analysis.roles import (
     training_loop_sources,
     training_loops,
 )
-from ddpify.analysis.seeding import ALIKE, CONDITIONAL, torch_seeding
+from ddpify.analysis.seeding import (
+    ALIKE,
+    CONDITIONAL,
+    STREAM_ADVICE,
+    drawn_streams,
+    stream_seeding,
+)
 from ddpify.analysis.streams import training_stream
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.arguments import replace_with_keyword
@@ -460,20 +466,30 @@ def _shard_hand_made(tree: Tree, plan: Plan, edits: Edits) -> bool:
 def _note_unseeded_draws(tree: Tree, plan: Plan, split: str) -> None:
     """Each rank takes its block of the batch it draws itself: the blocks make up the
     original's batch only when every rank draws the same one, from torch seeded alike."""
-    seeding = torch_seeding(tree.view)
-    if seeding.kind == ALIKE:
+    # The streams the script draws from by name (`np.random.choice`); torch when none is
+    # seen (a `torch.randperm` in a helper module, a library's own draw).
+    streams = drawn_streams(tree.view) or ["torch"]
+    unseeded = [(s, stream_seeding(tree.view, s)) for s in streams]
+    unseeded = [(s, seeding) for s, seeding in unseeded if seeding.kind != ALIKE]
+    if not unseeded:
         return
-    why = (
-        f"torch is seeded only when `{seeding.condition}` holds"
+    never = [stream for stream, seeding in unseeded if seeding.kind != CONDITIONAL]
+    reasons = [
+        f"{stream} is seeded only when `{seeding.condition}` holds"
+        for stream, seeding in unseeded
         if seeding.kind == CONDITIONAL
-        else "the script does not seed torch"
-    )
+    ]
+    if never:
+        reasons.insert(0, f"the script does not seed {' or '.join(never)}")
+    why = " and ".join(reasons)
+    names = " and ".join(stream for stream, _ in unseeded)
+    calls = ", ".join(f"`{STREAM_ADVICE[stream]}`" for stream, _ in unseeded)
     plan.needs_human(
         f"each rank keeps its block of the batch it draws, which is the original's batch only "
         f"when every rank draws the same one, and {why}: without a seed each rank draws its "
         "own batch, so the step trains on blocks of different random batches (the same "
-        "number of rows, not the original's batch); seed torch alike on every rank before "
-        "the batches are drawn (`torch.manual_seed(0)`) to keep the step exact",
+        f"number of rows, not the original's batch); seed {names} alike on every rank before "
+        f"the batches are drawn ({calls}) to keep the step exact",
         split,
     )
 
@@ -638,32 +654,38 @@ def _set_epoch(tree: Tree, plan: Plan, edits: Edits, loaders: list[Loader]) -> s
     if not names:
         return placed
     for loop in _epoch_loops(tree):
-        found = _loader_in(tree, loop, names)
-        if found is not None:
-            placed.add(id(names[found].call))
+        found = _loaders_in(tree, loop, names)
+        placed |= {id(names[name].call) for name in found}
         if any(method_name(c) == "set_epoch" for c in tree.within(loop, cst.Call)):
             continue
-        if found is None:
+        if not found:
             continue
         if not isinstance(loop.target, cst.Name):
             plan.needs_human(
                 "add sampler.set_epoch(epoch) at the top of this epoch loop", tree.code(loop)
             )
             continue
-        epoch = loop.target.value
-        code = _set_epoch_code(tree, loop, found, names[found], epoch)
-        binding = _binding_in(tree, loop, names[found])
-        if binding is not None:  # the loader is built each epoch: reshuffle the new one
-            edits.after[binding].append(snippets.statement(code))
-        else:
-            edits.prepend[loop].append(snippets.statement(code))
-        plan.change(
-            NAME,
-            "set_epoch at the top of each epoch, so each epoch reshuffles",
-            code.splitlines()[0],
-            "DDP022",
-        )
+        for name in found:  # each loader the epoch draws from (`zip(source, target)`)
+            _place_set_epoch(tree, plan, edits, loop, name, names[name])
     return placed
+
+
+def _place_set_epoch(
+    tree: Tree, plan: Plan, edits: Edits, loop: cst.For, name: str, loader: Loader
+) -> None:
+    epoch = loop.target.value  # type: ignore[attr-defined]
+    code = _set_epoch_code(tree, loop, name, loader, epoch)
+    binding = _binding_in(tree, loop, loader)
+    if binding is not None:  # the loader is built each epoch: reshuffle the new one
+        edits.after[binding].append(snippets.statement(code))
+    else:
+        edits.prepend[loop].append(snippets.statement(code))
+    plan.change(
+        NAME,
+        "set_epoch at the top of each epoch, so each epoch reshuffles",
+        code.splitlines()[0],
+        "DDP022",
+    )
 
 
 def _binding_in(tree: Tree, loop: cst.For, loader: Loader) -> cst.BaseStatement | None:
@@ -754,11 +776,24 @@ def _note_step_loop_order(tree: Tree, plan: Plan, loaders: list[Loader]) -> None
         )
 
 
-def _loader_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> str | None:
+def _loaders_in(tree: Tree, loop: cst.For, names: dict[str, Loader]) -> list[str]:
+    """The names through which the epoch loop reads its training loaders, one per loader
+    (several when it draws from them together: `zip(source_loader, target_loader)`)."""
     inside = names_an_epoch_reads(tree, loop)
     # `self.loader` before `loader`: names_in also lists the attribute's own name.
+    found: dict[int, str] = {}
     for name in sorted(inside & set(names), key=_most_qualified):
-        return name
+        found.setdefault(id(names[name].call), name)
+    if found:
+        return list(found.values())
+    single = _loader_in_methods(tree, loop, names, inside)
+    return [single] if single is not None else []
+
+
+def _loader_in_methods(
+    tree: Tree, loop: cst.For, names: dict[str, Loader], inside: set[str]
+) -> str | None:
+    """The training loader a method of the loop's class reads (`self.train_epoch()`)."""
     cls = tree.parent.get(tree.function(loop)) if tree.function(loop) else None
     cls = tree.parent.get(cls) if isinstance(cls, cst.IndentedBlock) else None
     if isinstance(cls, cst.ClassDef):

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.downloads import download_argument, rank_zero_first
+from ddpify.analysis.downloads import (
+    download_argument,
+    rank_zero_first,
+    runs_rank_zero_first_by_callers,
+)
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.names import dotted
 from ddpify.analysis.tree import Tree
@@ -118,6 +122,8 @@ def _called_on_rank_zero_only(tree: Tree, func: cst.FunctionDef | None) -> bool:
     fetch(root)`): its download does not race."""
     if func is None:
         return False
+    if runs_rank_zero_first_by_callers(tree, func):
+        return True  # a dataset's own download: its construction runs on rank 0 first
     name = func.name.value
     view = tree.view
     calls = view.find(cst.Call, lambda c: (dotted(c.func) or "").rsplit(".", 1)[-1] == name)

@@ -16,14 +16,13 @@ from ddpify.analysis.batches import model_calls
 from ddpify.analysis.guards import Scope, rank_scope, rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg, method_name
 from ddpify.analysis.reachability import never_run
-from ddpify.analysis.roles import calls_forward, calls_training
+from ddpify.analysis.roles import calls_forward, calls_training, replicated_steps
 from ddpify.analysis.side_effects import FILE_WRITERS, STDOUT_WRITES
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import Plan, backward_calls, model_names, training_loops
 from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
-from ddpify.migrate.replicate import replicated_steps
 
 NAME = "rank-zero"
 LOG_METHODS = {"info", "debug", "warning", "warn", "log"}

@@ -17,7 +17,7 @@ import libcst as cst
 
 from ddpify.analysis.batches import batch_assignments
 from ddpify.analysis.names import dotted
-from ddpify.analysis.roles import model_names, stream_batch, train_loaders
+from ddpify.analysis.roles import model_names, replicated_steps
 from ddpify.analysis.seeding import ALIKE, CONDITIONAL, torch_seeding
 from ddpify.analysis.unsplittable import (
     CARRIED_STATE,
@@ -25,7 +25,6 @@ from ddpify.analysis.unsplittable import (
     ONE_EXAMPLE,
     UnsplittableStep,
     set_orders,
-    unsplittable_step,
 )
 from ddpify.migrate import snippets
 from ddpify.migrate.edits import Edits
@@ -42,19 +41,6 @@ POLICY = (
     "same data (Python orders a set of strings by a hash seed of its own in each process: "
     "`PYTHONHASHSEED=0 torchrun ...` pins it) and draws the same random numbers; {seeded}"
 )
-
-
-def replicated_steps(tree) -> list[UnsplittableStep]:
-    """The training loops of this module that run whole on every rank."""
-    _, unresolved = train_loaders(tree)
-    models = model_names(tree)
-    found = []
-    for loop in unresolved:
-        if stream_batch(tree, loop) is None:
-            step = unsplittable_step(tree, loop, models)
-            if step is not None:
-                found.append(step)
-    return found
 
 
 def project_replicates(tree) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import libcst as cst
 
+from ddpify.analysis.downloads import runs_rank_zero_first_by_callers
 from ddpify.analysis.guards import rank_zero_scope
 from ddpify.analysis.names import dotted, find_arg
 from ddpify.analysis.roles import runs_model
@@ -66,8 +67,11 @@ def run(tree: Tree, plan: Plan) -> Edits:
 def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
     """A reset left on every rank where it may race: say so, unless rank 0 alone runs it
     already or it is part of the training step."""
-    if rank_zero_scope(tree.ancestors(call)) is not None or tree.function(call) is None:
+    func = tree.function(call)
+    if rank_zero_scope(tree.ancestors(call)) is not None or func is None:
         return
+    if runs_rank_zero_first_by_callers(tree, func):
+        return  # rank 0 runs it alone, first: nothing races
     if any(tree.inside(step, tree.statement(call)) for step in backward_calls(tree)):
         return
     plan.needs_human(
@@ -239,7 +243,7 @@ def called_on_every_rank(tree: Tree, func: cst.FunctionDef) -> bool:
     view = tree.view
     name = func.name.value
     calls = view.find(cst.Call, lambda c: (dotted(c.func) or "").rsplit(".", 1)[-1] == name)
-    if not calls:
+    if not calls or runs_rank_zero_first_by_callers(tree, func):
         return False
     for call in calls:
         owner = view.owner(call)

@@ -1118,6 +1118,12 @@ class Probe:
             "time": time.time(),
             "rank": self.rank,
             "steps": sum(1 for s in self.record["steps"] if s["optimizer"] == 0),
+            # every optimizer's steps: the run stops at optimizer 0's K-th step, and a
+            # script steps its others as often as it likes meanwhile (a critic n times)
+            "optimizer_steps": [
+                sum(1 for s in self.record["steps"] if s["optimizer"] == index)
+                for index in range(len(self.optimizers))
+            ],
             "batch_sizes": [loader["batch_size"] for loader in self.loaders],
             "loaders": [
                 {

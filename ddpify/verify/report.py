@@ -79,7 +79,7 @@ def render_text(result: VerifyResult) -> str:
         lines.append(
             f"ddpify verify: {settings.get('original')} (1 process) vs "
             f"{settings.get('converted')} ({settings.get('nproc')} processes), "
-            f"{settings.get('steps')} optimizer steps"
+            f"{settings.get('steps')} {steps_asked(result)}"
         )
     if result.reference == "per-rank":
         lines.append(
@@ -124,6 +124,14 @@ def render_text(result: VerifyResult) -> str:
         lines.append("---")
     lines.append(f"{result.verdict.upper()}: {result.message}")
     return "\n".join(lines) + "\n"
+
+
+def steps_asked(result: VerifyResult) -> str:
+    """What `--steps` counts: with several optimizers, the first one's steps (the run stops
+    there), every optimizer's steps until then compared."""
+    if not any(row.optimizer for row in result.steps):
+        return "optimizer steps"
+    return "steps of optimizer 0 (every optimizer's steps until then compared)"
 
 
 def finding_lines(findings: list[Finding]) -> list[str]:

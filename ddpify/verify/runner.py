@@ -549,8 +549,22 @@ class Session:
                 role,
             )
         if reached < steps:
-            self.result.notes.append(f"the {role} script ended after {reached} of {steps} steps")
+            self.result.notes.append(ended_early_note(role, records, reached, steps))
         return records
+
+
+def ended_early_note(role: str, records: list[dict], reached: int, steps: int) -> str:
+    """A run that ended by itself before optimizer 0's `steps`-th step (where the probe
+    stops it): how far it got, and, with several optimizers, how often each stepped."""
+    counts = [min(c) for c in zip(*(r.get("optimizer_steps", [r["steps"]]) for r in records))]
+    if len(counts) < 2:
+        return f"the {role} script ended by itself after {reached} of the {steps} steps asked for"
+    others = ", ".join(f"optimizer {i}: {n}" for i, n in enumerate(counts) if i)
+    return (
+        f"the {role} script ended by itself after {reached} of the {steps} steps of "
+        f"optimizer 0 asked for (the run stops at optimizer 0's step {steps}); meanwhile "
+        f"the other optimizers stepped too ({others})"
+    )
 
 
 def replace_result(result: VerifyResult, notes: list[str]) -> VerifyResult:
@@ -576,6 +590,20 @@ def last_error_line(errors: list[dict], output: str) -> str:
         if "Error" in line or "Exception" in line:
             return line.strip()
     return lines[-1].strip() if lines else "no output"
+
+
+def steps_compared(rows: list) -> str:
+    """`3 steps`; with several optimizers, `8 optimizer steps (optimizer 0: 2,
+    optimizer 1: 6)`: the table counts every optimizer's steps, one by one."""
+    counts: dict[int, int] = {}
+    for row in rows:
+        if row.compared == "gradients":
+            counts[row.optimizer] = counts.get(row.optimizer, 0) + 1
+    total = sum(counts.values())
+    if len(counts) < 2:
+        return f"{total} steps"
+    each = ", ".join(f"optimizer {i}: {n}" for i, n in sorted(counts.items()))
+    return f"{total} optimizer steps ({each})"
 
 
 def conclude(result: VerifyResult, comparison: Comparison, steps: int) -> VerifyResult:
@@ -604,15 +632,15 @@ def conclude(result: VerifyResult, comparison: Comparison, steps: int) -> Verify
         )
     else:
         result.exit_code, result.verdict = EXIT_MATCH, "match"
-        compared = len([r for r in comparison.rows if r.compared == "gradients"])
         result.message = (
-            f"gradients match at all {compared} steps and the weights after them "
-            f"(rtol {rtol:g}, atol {atol:g})"
+            f"gradients match at all {steps_compared(comparison.rows)} and the weights after "
+            f"them (rtol {rtol:g}, atol {atol:g})"
         )
         if comparison.drifted_at is not None:
             optimizer, step = comparison.drifted_at
             result.message = (
-                f"gradients match at the {compared} steps compared (rtol {rtol:g}, atol "
+                f"gradients match at the {steps_compared(comparison.rows)} compared (rtol "
+                f"{rtol:g}, atol "
                 f"{atol:g}); from step {step} of optimizer {optimizer} on, the weights differ "
                 "by what the optimizer made of rounding, so later gradients are not compared"
             )

@@ -22,6 +22,7 @@ from ddpify.analysis.accumulation import (
     flag_synced_phase,
     nested_backward,
     step_phases,
+    steps_every_nth,
     synced_phase,
 )
 from ddpify.analysis.call_sites import constructor_arguments
@@ -391,7 +392,7 @@ def _micro_step(model, loop: Located, optimizers: set[str]) -> _MicroStep | None
     if backward is None:
         return None
     index, call = backward
-    step_if = _accumulation_step(model, body[index + 1 :], optimizers)
+    step_if = _accumulation_step(model, body, index + 1, optimizers)
     if step_if is None:
         return None
     return _MicroStep(body, index, call, nested, step_if)
@@ -476,10 +477,15 @@ def _unconditional(statement: cst.CSTNode):
 
 
 def _accumulation_step(
-    model, statements: list[cst.BaseStatement], optimizers: set[str]
+    model, body: list[cst.BaseStatement], start: int, optimizers: set[str]
 ) -> cst.If | None:
-    for statement in statements:
-        if type(statement) is cst.If and accumulation_test(statement.test, model):
+    """The `if` among `body[start:]` (after the backward) that steps the optimizer on
+    the last micro-step of a window: its test names an accumulation count, or the loop
+    has the shape of accumulation (`steps_every_nth`)."""
+    for statement in body[start:]:
+        if type(statement) is not cst.If:
+            continue
+        if accumulation_test(statement.test, model) or steps_every_nth(statement, body, optimizers):
             if any(
                 type(n) is cst.Call and is_optimizer_step(n, optimizers)
                 for n in own_nodes(statement.body)

@@ -12,7 +12,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis.names import dotted, find_arg
-from ddpify.analysis.roles import is_optimizer
+from ddpify.analysis.roles import is_optimizer, replicated_steps, train_loaders
 from ddpify.diagnostics import Severity
 from ddpify.rules.base import Rule
 from ddpify.rules.training_loop._common import descendants
@@ -146,8 +146,18 @@ class LrNotScaled(Rule):
             return
         if any(_adapts_to_world(child) for child in descendants(node)):
             return
+        if self._replicated_only():
+            return
         for call, lr in candidates:
             self.report(lr, _message(dotted(call.func) or "the optimizer", self.context.code(lr)))
+
+    def _replicated_only(self) -> bool:
+        """Every training step runs whole on every rank (a carried state, a full batch:
+        `roles.replicated_steps`) and no DataLoader feeds one: the global batch is the
+        original's at any world size, so its learning rate is still right."""
+        tree = self.context.tree
+        loaders, _ = train_loaders(tree)
+        return not loaders and bool(replicated_steps(tree))
 
 
 def _message(optimizer: str, lr: str) -> str:
