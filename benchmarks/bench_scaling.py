@@ -143,7 +143,7 @@ def stages(text: str) -> None:
     timing(pipeline, "parse_input", "input: parse (in two parts), compile")
     timing(pipeline, "_run_pass", "passes (analysis, edits, render, compile)")
     timing(pipeline, "check_compiles", "output: spliced parse, render, compile")
-    timing(pipeline, "_all_called", "waiting for the input's render beside")
+    timing(pipeline, "_all_called", "waiting for the input's compile and render beside")
     timing(pipeline, "_gate_comments", "comment gate")
     timing(pipeline, "_gate_check", "check gate")
     timing(pipeline, "analyze_project", "project analysis")

@@ -12,12 +12,15 @@ import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
 from ddpify.gates import comments
 from ddpify.guarded import Beside
+
+T = TypeVar("T")
 
 
 class ModuleText:
@@ -33,21 +36,25 @@ class ModuleText:
         # run that renders each module a few times (migrate), not for a long session.
         self._inner: StatementCodes | None = StatementCodes() if inner else None
 
-    def code_beside(self, module: cst.Module) -> Callable[[], str]:
+    def code_beside(
+        self, module: cst.Module, also: Callable[[], T] | None = None
+    ) -> Callable[[], tuple[str, T | None]]:
         """Start rendering `module` beside this process (a forked child, for a large
-        module); the function returned waits for its code, and from then on this
-        renderer knows the code of each of its statements as if it had rendered them."""
-        rendering = Beside(_rendered_statements, module)
+        module), after `also()` there when given (more work on the same input: one child
+        for both). The function returned waits for the child and returns the code and
+        what `also` returned; from then on this renderer knows the code of each of the
+        module's statements as if it had rendered them."""
+        rendering = Beside(_rendered_after, module, also)
 
-        def code() -> str:
-            text, top, inner = rendering.result()
+        def code() -> tuple[str, T | None]:
+            also_gave, (text, top, inner) = rendering.result()
             nodes = (*module.header, *module.body, *module.footer)
             style = (module.default_indent, module.default_newline)
             for node, node_code_ in zip(nodes, top):
                 self._seen[id(node)] = (node, style, node_code_)
             if self._inner is not None:
                 self._inner.adopt(module, inner)
-            return text
+            return text, also_gave
 
         return code
 
@@ -147,6 +154,10 @@ def node_code(node: cst.CSTNode, indent: str, newline: str, indents: Sequence[st
     state.indent_tokens = list(indents)
     node._codegen(state)
     return "".join(state.tokens)
+
+
+def _rendered_after(module: cst.Module, also: Callable[[], T] | None) -> tuple:
+    return (None if also is None else also()), _rendered_statements(module)
 
 
 def _rendered_statements(module: cst.Module) -> tuple[str, list[str], dict]:

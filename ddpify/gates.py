@@ -46,19 +46,19 @@ def parse_input(text: str, compiled: bool = True) -> cst.Module:
     """The first half of `check_roundtrip`: the parse of a text CPython compiles. A large
     text is parsed in two parts at once (split_parse.py), and compiled in a forked child
     meanwhile; `compiled=False`: the caller has the compile checked later
-    (`compiles_beside`), save for a text libcst rejects, whose error is CPython's when
-    CPython rejects it too."""
+    (`compile_verdict`, `require_compiles`), save for a text libcst rejects, whose error
+    is CPython's when CPython rejects it too."""
     large = len(text) >= PARALLEL_CHARS
-    compiling = Beside(_compile_verdict, text) if large and compiled else None
+    compiling = Beside(compile_verdict, text) if large and compiled else None
     if compiled and not large:
-        _require_compiles(_compile_verdict(text))
+        require_compiles(compile_verdict(text))
     try:
         module = parse_in_two(text) if large else parse_module(text)
         if compiling is not None:
-            _require_compiles(compiling.result())
+            require_compiles(compiling.result())
     except cst.ParserSyntaxError as exc:
         # CPython's message first, as for a small text
-        _require_compiles(compiling.result() if compiling is not None else _compile_verdict(text))
+        require_compiles(compiling.result() if compiling is not None else compile_verdict(text))
         raise GateError("parse", f"input does not parse: {exc.message}") from None
     finally:
         if compiling is not None:
@@ -66,19 +66,11 @@ def parse_input(text: str, compiled: bool = True) -> cst.Module:
     return module
 
 
-def compiles_beside(text: str) -> Callable[[], None]:
-    """Start CPython's compile of `text` in a forked child (the second half of
-    `parse_input(text, compiled=False)`); the function returned waits for it, and raises
-    the parse gate's error when CPython rejects the text."""
-    compiling = Beside(_compile_verdict, text)
-    return lambda: _require_compiles(compiling.result())
-
-
-def _compile_verdict(text: str) -> SyntaxError | None:
+def compile_verdict(text: str) -> SyntaxError | None:
     return python_rejects(text, "<input>", whole=True)
 
 
-def _require_compiles(error: SyntaxError | None) -> None:
+def require_compiles(error: SyntaxError | None) -> None:
     if error is not None:
         where = f" (line {error.lineno})" if error.lineno else ""
         raise GateError("parse", f"input does not parse: {error.msg}{where}")

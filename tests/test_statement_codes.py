@@ -150,7 +150,7 @@ def test_a_module_rendered_beside_renders_here_from_the_childs_codes(text, monke
     old = cst.parse_module(text)
     new = _guard_prints(old)
     render = ModuleText(inner=True)
-    assert render.code_beside(old)() == text
+    assert render.code_beside(old)() == (text, None)
     rendered: list[cst.CSTNode] = []
     real = codegen._through_codes
 

@@ -23,8 +23,9 @@ from ddpify.gates import (
     GateError,
     check_comments_kept,
     check_compiles,
-    compiles_beside,
+    compile_verdict,
     parse_input,
+    require_compiles,
     require_roundtrip,
 )
 from ddpify.gc_tuning import no_collections
@@ -115,25 +116,18 @@ def _migrate_sources(
     the statements `parsed` shares with them can be reused (see Tree)."""
     names = list(texts)
     several = len(names) > 1
-    # A large input's compile and render, checked in forked children while this process
+    # A large input's compile and render are checked in a forked child while this process
     # builds its tree and analyses the project (seconds each on 100k lines): it must
     # compile and render back to its text. A second run's input (the output, parsed by
     # the output gate) is compiled and mostly rendered already.
-    compiled: list[Callable[[], None]] = []
     if parsed is None:
-        large = [len(texts[name]) >= PARALLEL_CHARS for name in names]
         parsed = [
-            _in_file(name, several, parse_input, texts[name], not beside)
-            for name, beside in zip(names, large)
-        ]
-        compiled = [
-            functools.partial(_in_file, name, several, compiles_beside(texts[name]))
-            for name, beside in zip(names, large)
-            if beside
+            _in_file(name, several, parse_input, texts[name], len(texts[name]) < PARALLEL_CHARS)
+            for name in names
         ]
         rendered = [_rendering(render, module, texts[name]) for name, module in zip(names, parsed)]
     else:
-        rendered = [(lambda module=module: render.code(module)) for module in parsed]
+        rendered = [(lambda module=module: (render.code(module), None)) for module in parsed]
     modules = parsed
     # Each pass's module per file; its code is rendered when a gate asks (see Stages).
     stages = {name: [("input", module)] for name, module in zip(names, modules)}
@@ -147,8 +141,8 @@ def _migrate_sources(
             )
             plans = analyze_project(trees, options)
         finally:  # before any other verdict: a text that does not round-trip is not read
-            codes = _all_called([*compiled, *rendered])[len(compiled) :]
-            for name, code in zip(names, codes):
+            for name, (code, compile_error) in zip(names, _all_called(rendered)):
+                _in_file(name, several, require_compiles, compile_error)
                 _in_file(name, several, require_roundtrip, code, texts[name])
         for pass_name, run in passes:
             changed = False
@@ -253,12 +247,16 @@ def _all_called(functions: list[Callable[[], Any]]) -> list[Any]:
     return values
 
 
-def _rendering(render: ModuleText, module: cst.Module, text: str) -> Callable[[], str]:
-    """A function that returns `module`'s code: rendered beside this process for a large
-    text (see `ModuleText.code_beside`), else here when called."""
+def _rendering(
+    render: ModuleText, module: cst.Module, text: str
+) -> Callable[[], tuple[str, SyntaxError | None]]:
+    """A function that returns `module`'s code and CPython's verdict on `text` (a
+    SyntaxError, or None: it compiles; None too where `parse_input` compiled it). For a
+    large text both are made beside this process (see `ModuleText.code_beside`), else
+    the code is rendered here when called."""
     if len(text) >= PARALLEL_CHARS:
-        return render.code_beside(module)
-    return lambda: render.code(module)
+        return render.code_beside(module, functools.partial(compile_verdict, text))
+    return lambda: (render.code(module), None)
 
 
 def _run_pass(name: str, run, tree: Tree, plan: Plan) -> cst.Module:
