@@ -29,6 +29,7 @@ DRAWS_RANDOM_EACH_STEP = {
     "gan_r1_penalty",
     "handmade_get_batch",
     "handmade_conditional_seed",
+    "hand_batch_converted",  # numpy draws each step's batch (runs in test_migrate_run)
 }
 # Cases whose step calls a part of the model outside DDP's forward (`model.encoder(x)`): the
 # migration reports it as needing a human (DDP033, tests/test_migrate.py), and verify finds
