@@ -496,6 +496,9 @@ class LocalFunctions:
         self.file = Path(filename).resolve() if filename else None
         self.used: dict[str, str] = {}  # path -> digest of each module consulted
         self._found: dict[str, tuple[_Definition, ImportMap, Path, str] | None] = {}
+        # (scan, module) -> what the scan of the project's files found, once per check:
+        # a rule asks about a helper's importers for each function it holds.
+        self._scans: dict[tuple[Callable, Path], list[tuple[Path, str]]] = {}
 
     def function(self, qualified: str) -> LocalFunction | None:
         found = self._definition(qualified)
@@ -548,25 +551,27 @@ class LocalFunctions:
         (see `distributed_importers`); each is recorded as a dependency of the result."""
         if self.file is None:
             return []
-        found = distributed_importers(self.file)
-        for path, digest in found:
-            self.used[str(path)] = digest
-        return [path for path, _ in found]
+        return self.distributed_importers_of(self.file)
 
     def distributed_importers_of(self, path: Path) -> list[Path]:
-        """`distributed_importers` of another module of the project (recorded as
-        dependencies of the result, as the checked file's own are)."""
-        found = distributed_importers(path)
-        for other, digest in found:
-            self.used[str(other)] = digest
-        return [other for other, _ in found]
+        """`distributed_importers` of a module of the project (recorded as dependencies
+        of the result, as the checked file's own are)."""
+        return self._recorded(self._scan(distributed_importers, path))
 
     def importers_of(self, path: Path) -> list[Path]:
         """`importers` of a module of the project (recorded as dependencies)."""
-        found = importers(path)
-        for other, digest in found:
-            self.used[str(other)] = digest
-        return [other for other, _ in found]
+        return self._recorded(self._scan(importers, path))
+
+    def _scan(self, scan: Callable, path: Path) -> list[tuple[Path, str]]:
+        key = (scan, path)
+        if key not in self._scans:
+            self._scans[key] = scan(path)
+        return self._scans[key]
+
+    def _recorded(self, found: list[tuple[Path, str]]) -> list[Path]:
+        for path, digest in found:
+            self.used[str(path)] = digest
+        return [path for path, _ in found]
 
     def ddp_wrapping_modules(self) -> list[Path]:
         """The other modules of the project that wrap models in DDP (recorded as
@@ -585,7 +590,7 @@ class LocalFunctions:
         if self.file is None:
             return []
         found = []
-        for path, digest in importers(self.file):
+        for path, digest in self._scan(importers, self.file):
             parsed = self._parse(path)
             if parsed is None:
                 continue

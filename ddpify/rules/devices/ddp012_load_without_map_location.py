@@ -7,6 +7,7 @@ import libcst as cst
 from ddpify.analysis.call_sites import calling_modules, owners_calling
 from ddpify.analysis.devices import cuda_placement
 from ddpify.analysis.names import find_arg, method_name
+from ddpify.analysis.project import LocalFunctions
 from ddpify.diagnostics import Applicability, FixAvailability, Severity
 from ddpify.rules.base import NodeFix
 from ddpify.rules.devices._common import DistributedRule, function_parameters
@@ -214,11 +215,10 @@ class LoadWithoutMapLocation(DistributedRule):
         if helper is None:
             return
         callers: dict[str, str | None] = {}  # a name -> who runs it distributed, in words
-        middles = _TwoImportsAway(self.context.local, helper)
         for call, owner, function in self.module_level_loads:
             name = owner.name.value
             if name not in callers:
-                callers[name] = _distributed_caller(name, helper, importers, middles)
+                callers[name] = _distributed_caller(name, helper, importers, self.context.local)
             if callers[name] is None:
                 continue
             where = f"`{name}()`" if type(owner) is cst.FunctionDef else f"`{name}`"
@@ -268,28 +268,8 @@ def _moves_to(function: cst.FunctionDef, device: str) -> bool:
     return bool(found)
 
 
-class _TwoImportsAway:
-    """The modules that import a helper module, and the distributed importers of each,
-    found once per check of the helper (each is a scan of the project's files)."""
-
-    def __init__(self, local, helper: Path) -> None:
-        self._local, self._helper = local, helper
-        self._middles: list[Path] | None = None
-        self._outer: dict[Path, list[Path]] = {}
-
-    def middles(self) -> list[Path]:
-        if self._middles is None:
-            self._middles = self._local.importers_of(self._helper)
-        return self._middles
-
-    def distributed_importers_of(self, middle: Path) -> list[Path]:
-        if middle not in self._outer:
-            self._outer[middle] = self._local.distributed_importers_of(middle)
-        return self._outer[middle]
-
-
 def _distributed_caller(
-    name: str, helper: Path, importers: list[Path], away: _TwoImportsAway
+    name: str, helper: Path, importers: list[Path], local: LocalFunctions
 ) -> str | None:
     """Who runs `name` on every rank: a distributed module that calls it, or (two
     imports away) one that calls a function or class of another module that calls it
@@ -297,9 +277,9 @@ def _distributed_caller(
     found = calling_modules(name, helper, importers)
     if found:
         return f"{found[0].name} (distributed) uses `{name}`"
-    for middle in away.middles():
+    for middle in local.importers_of(helper):
         for owner in owners_calling(name, helper, middle):
-            outer = calling_modules(owner, middle, away.distributed_importers_of(middle))
+            outer = calling_modules(owner, middle, local.distributed_importers_of(middle))
             if outer:
                 return (
                     f"{outer[0].name} (distributed) uses `{owner}` of {middle.name}, "
