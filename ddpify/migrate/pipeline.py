@@ -121,11 +121,15 @@ def _migrate_sources(
     # compile and render back to its text. A second run's input (the output, parsed by
     # the output gate) is compiled and mostly rendered already.
     if parsed is None:
+        beside = [len(texts[name]) >= PARALLEL_CHARS for name in names]
         parsed = [
-            _in_file(name, several, parse_input, texts[name], len(texts[name]) < PARALLEL_CHARS)
-            for name in names
+            _in_file(name, several, parse_input, texts[name], not large)
+            for name, large in zip(names, beside)
         ]
-        rendered = [_rendering(render, module, texts[name]) for name, module in zip(names, parsed)]
+        rendered = [
+            _rendering(render, module, texts[name], large)
+            for name, module, large in zip(names, parsed, beside)
+        ]
     else:
         rendered = [(lambda module=module: (render.code(module), None)) for module in parsed]
     modules = parsed
@@ -248,13 +252,13 @@ def _all_called(functions: list[Callable[[], Any]]) -> list[Any]:
 
 
 def _rendering(
-    render: ModuleText, module: cst.Module, text: str
+    render: ModuleText, module: cst.Module, text: str, beside: bool
 ) -> Callable[[], tuple[str, SyntaxError | None]]:
     """A function that returns `module`'s code and CPython's verdict on `text` (a
-    SyntaxError, or None: it compiles; None too where `parse_input` compiled it). For a
-    large text both are made beside this process (see `ModuleText.code_beside`), else
+    SyntaxError, or None: it compiles; None too where `parse_input` compiled it).
+    `beside`: both are made beside this process (see `ModuleText.code_beside`), else
     the code is rendered here when called."""
-    if len(text) >= PARALLEL_CHARS:
+    if beside:
         return render.code_beside(module, functools.partial(compile_verdict, text))
     return lambda: (render.code(module), None)
 
