@@ -101,27 +101,39 @@ def test_random_rewrites_render_as_libcst_renders_them():
         assert render.code(new) == text
 
 
+def _rendered_from_now(monkeypatch) -> list[cst.CSTNode]:
+    """The statements rendered from now on (not taken from the codes)."""
+    from ddpify import codegen
+
+    found: list[cst.CSTNode] = []
+    real = codegen._through_codes
+
+    def spy(node):
+        found.append(node)
+        return real(node)
+
+    monkeypatch.setattr(codegen, "_through_codes", spy)
+    return found
+
+
+def _kept_by_guard_prints(old: cst.Module) -> set[int]:
+    """The statements with no print in them: `_guard_prints` neither moves nor rebuilds
+    them."""
+    tree = Tree(old)
+    return {id(n) for n in tree.find(cst.BaseStatement) if "print(" not in tree.code(n)}
+
+
 def test_the_codes_are_reused_for_the_statements_a_rewrite_kept(monkeypatch):
     """Rendering the rewritten module renders only what the rewrite built: the statements
     it kept inside the functions it rebuilt come from the codes."""
-    from ddpify import codegen
-
     old = cst.parse_module(CLAUSES)
     new = _guard_prints(old)
     render = ModuleText(inner=True)
     render.code(old)
-    rendered: list[cst.CSTNode] = []
-    real = codegen._through_codes
-
-    def spy(node):
-        rendered.append(node)
-        return real(node)
-
-    monkeypatch.setattr(codegen, "_through_codes", spy)
+    rendered = _rendered_from_now(monkeypatch)
     assert render.code(new) == new.code
     tree = Tree(old)
-    # The statements with no print in them: neither moved nor rebuilt.
-    kept = {id(n) for n in tree.find(cst.BaseStatement) if "print(" not in tree.code(n)}
+    kept = _kept_by_guard_prints(old)
     again = [n for n in rendered if id(n) in kept]
     assert not again, [tree.code(n)[:40] for n in again]
     assert len(rendered) > 10  # the wrappers, the moved lines and the rebuilt blocks were
@@ -145,24 +157,14 @@ def test_a_module_rendered_beside_renders_here_from_the_childs_codes(text, monke
     """`code_beside` renders in a forked child; this process then renders the rewritten
     module from the child's codes: byte for byte what libcst renders, and without
     rendering again a statement the rewrite kept."""
-    from ddpify import codegen
-
     old = cst.parse_module(text)
     new = _guard_prints(old)
     render = ModuleText(inner=True)
     assert render.code_beside(old)() == (text, None)
-    rendered: list[cst.CSTNode] = []
-    real = codegen._through_codes
-
-    def spy(node):
-        rendered.append(node)
-        return real(node)
-
-    monkeypatch.setattr(codegen, "_through_codes", spy)
+    rendered = _rendered_from_now(monkeypatch)
     assert render.code(old) == text and not rendered  # every code came from the child
     assert render.code(new) == new.code
-    tree = Tree(old)
-    kept = {id(n) for n in tree.find(cst.BaseStatement) if "print(" not in tree.code(n)}
+    kept = _kept_by_guard_prints(old)
     assert rendered and not [n for n in rendered if id(n) in kept]
 
 
