@@ -135,3 +135,47 @@ def test_a_reset_that_cannot_move_under_rank_zero_is_reported():
     assert "        shutil.rmtree(path)  # a fresh run\n" in result.output
     reported = [h for h in result.needs_human if "they race" in h.why]
     assert [h.anchor for h in reported] == ["shutil.rmtree(path)  # a fresh run"]
+
+
+def _evaluating(make: str, test: str = "if not os.path.isdir(path):") -> str:
+    # The make sits in an evaluation that runs the model: the block cannot move under
+    # rank 0 (DDP's forward is a collective), so every rank keeps making the folder.
+    return (
+        HEAD
+        + "\n\ndef evaluate(path):\n    with torch.no_grad():\n        model(torch.randn(2, 2))\n"
+        + f"        {test}\n            {make}\n"
+        + TRAIN
+        + "\n\nif __name__ == '__main__':\n    train()\n    evaluate('runs/a')\n"
+    )
+
+
+def _races_reported(result) -> list[str]:
+    return [h.anchor for h in result.needs_human if "they race" in h.why]
+
+
+def test_a_make_left_to_every_rank_under_a_missing_test_tolerates_the_folder_made():
+    for make, race_free in [
+        ("os.mkdir(path)", "os.makedirs(path, exist_ok=True)"),
+        ("os.makedirs(path)", "os.makedirs(path, exist_ok=True)"),
+        ("os.makedirs(path, 0o755, False)", "os.makedirs(path, 0o755, exist_ok=True)"),
+        ("os.mkdir(path, mode=0o700)", "os.makedirs(path, mode=0o700, exist_ok=True)"),
+    ]:
+        result = migrate_source(_evaluating(make))
+        assert result.migrated, result.reason
+        assert f"        if not os.path.isdir(path):\n            {race_free}\n" in result.output
+        assert _races_reported(result) == []
+        changed = [c for c in result.changes if c.pass_name == "folders"]
+        assert [c.anchor for c in changed] == [race_free]
+        assert "exist_ok=True" in changed[0].description
+
+
+def test_a_make_whose_test_is_not_of_that_folder_is_reported_not_changed():
+    for make, test in [
+        ("os.mkdir(other)", "if not os.path.isdir(path):"),  # another folder
+        ("os.mkdir(path)", "if os.path.isdir(path):"),  # not a test that it is missing
+        ("os.mkdir(path, dir_fd=3)", "if not os.path.isdir(path):"),  # makedirs has no dir_fd
+    ]:
+        result = migrate_source(_evaluating(make, test))
+        assert result.migrated, result.reason
+        assert f"            {make}\n" in result.output
+        assert _races_reported(result) == [make]

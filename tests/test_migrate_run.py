@@ -29,10 +29,6 @@ UNTOUCHED = {"accelerate_script", "lightning_script"}  # need packages CI does n
 CASES = sorted(
     p.name for p in CASES_DIR.iterdir() if (p / "after.py").is_file() and p.name not in UNTOUCHED
 )
-# Cases whose conversion keeps a race between the ranks that its report names under
-# "Needs a human" (a folder made by every rank, under a test of the folder, which the
-# folders pass cannot move under rank 0): under torchrun they fail now and then, by design.
-RACES_LEFT_TO_A_HUMAN = {"eval_saves_best_in_new_folder"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 TIMEOUT = 300
 
@@ -54,16 +50,11 @@ PROJECTS_DIR = FIXTURES / "projects"
 PROJECTS = sorted(p.name for p in PROJECTS_DIR.iterdir() if (p / "after" / "train.py").is_file())
 
 
-def _cases(ranks: int = 1) -> list[str]:
-    """The migrate cases, then the multi-file projects (their after/train.py); with more
-    than one rank, not the cases that keep a race (RACES_LEFT_TO_A_HUMAN)."""
-    return [str(CASES_DIR / case) for case in _migrate_cases(ranks)] + [
+def _cases() -> list[str]:
+    """The migrate cases, then the multi-file projects (their after/train.py)."""
+    return [str(CASES_DIR / case) for case in CASES] + [
         str(PROJECTS_DIR / project) for project in PROJECTS
     ]
-
-
-def _migrate_cases(ranks: int) -> list[str]:
-    return [case for case in CASES if ranks == 1 or case not in RACES_LEFT_TO_A_HUMAN]
 
 
 def _after_text(case: str) -> str:
@@ -83,9 +74,9 @@ def test_every_case_runs_as_one_process(tmp_path):
 @pytest.mark.torchrun
 def test_every_case_runs_under_torchrun_with_two_ranks_in_bf16(tmp_path):
     """As on GPUs, where users run torchrun with AMP: autocast on, in bf16 (on the CPU)."""
-    done = _run([*TORCHRUN, str(RUNNER), "--amp-bf16", str(tmp_path), *_cases(2)], tmp_path)
+    done = _run([*TORCHRUN, str(RUNNER), "--amp-bf16", str(tmp_path), *_cases()], tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
-    for case in _migrate_cases(2) + PROJECTS:
+    for case in CASES + PROJECTS:
         uses_amp = "torch.autocast(" in _after_text(case)
         for rank in (0, 1):
             assert f"ddpify-case {case} rank {rank} ok" in done.stdout

@@ -13,8 +13,13 @@ would wait forever), outside the training loop and the model's forward passes (a
 evaluation: DDP's forward is a collective), and when the guarded statement binds
 no name that the code after it reads (the other ranks skip those assignments). An exit
 inside the reset (`print("Folder exists."); sys.exit(0)`) then runs on rank 0 alone: it is
-reported, since leaving the reset to every rank would make the usual path race. A reset
-left to every rank is reported too.
+reported, since leaving the reset to every rank would make the usual path race.
+
+A reset that cannot move is left to every rank. Where it only makes a folder that a test
+just found missing (`if not os.path.isdir(d): os.mkdir(d)`, in an evaluation that runs
+the model), the make becomes `os.makedirs(d, exist_ok=True)` in place: a rank that loses
+the race then finds the folder made, as the single process would have. Any other reset
+left to every rank is reported.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ddpify.analysis.roles import runs_model
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
 from ddpify.migrate.analyze import INIT_PG, SETUP_FUNCTION, Plan, backward_calls
+from ddpify.migrate.args import append_arg, keyword
 from ddpify.migrate.edits import Edits
 
 NAME = "folders"
@@ -48,7 +54,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
         if statement is None or any(tree.inside(statement, d) for d in done):
             continue
         if not _safe(tree, call, statement):
-            _report_unguarded(tree, plan, call)
+            _leave_to_every_rank(tree, plan, edits, call)
             continue
         done.append(statement)
         edits.group([statement], _guarded_then_barrier(plan))
@@ -64,15 +70,21 @@ def run(tree: Tree, plan: Plan) -> Edits:
     return edits
 
 
-def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
-    """A reset left on every rank where it may race: say so, unless rank 0 alone runs it
-    already or it is part of the training step."""
+def _leave_to_every_rank(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -> None:
+    """A reset left on every rank where it may race: a make under a test that the folder is
+    missing is made race-free in place, anything else is said; nothing where rank 0 alone
+    runs it already or it is part of the training step."""
     func = tree.function(call)
     if rank_zero_scope(tree.ancestors(call)) is not None or func is None:
         return
     if runs_rank_zero_first_by_callers(tree, func):
         return  # rank 0 runs it alone, first: nothing races
     if any(tree.inside(step, tree.statement(call)) for step in backward_calls(tree)):
+        return
+    race_free = _race_free_make(tree, call)
+    if race_free is not None:
+        edits.replace(call, race_free)
+        plan.change(NAME, _RACE_FREE_WHY, tree.code(race_free))
         return
     plan.needs_human(
         "every rank removes or makes this folder, and they race (one rank removes what "
@@ -83,6 +95,63 @@ def _report_unguarded(tree: Tree, plan: Plan, call: cst.Call) -> None:
         "where every rank passes",
         tree.code(tree.statement(call)),
     )
+
+
+_RACE_FREE_WHY = (
+    "every rank still makes this folder when the test above finds it missing, now with "
+    "os.makedirs(..., exist_ok=True): a rank that loses the race finds it made instead of "
+    "stopping with FileExistsError (os.makedirs also makes missing parent folders, where "
+    "os.mkdir stopped with an error)"
+)
+
+
+def _race_free_make(tree: Tree, call: cst.Call) -> cst.Call | None:
+    """`os.makedirs(d, exist_ok=True)` for a make that runs only where a test just found
+    `d` missing (`if not os.path.exists(d):` around it): the same result for the single
+    process, and no FileExistsError for a rank that loses the race. None for any other
+    make, or a spelling this cannot keep (`from os import mkdir`, `dir_fd=`)."""
+    positional = [a for a in call.args if a.keyword is None]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    if not positional or not isinstance(call.func, cst.Attribute) or keywords - _KEPT_KEYWORDS:
+        return None
+    if not _tested_missing(tree, call, tree.code(positional[0].value)):
+        return None
+    # os.mkdir(path, mode) and os.makedirs(name, mode, exist_ok): the same first two places
+    kept = [*positional[:2], *(a for a in call.args if a.keyword and a.keyword.value == "mode")]
+    if kept != list(call.args):
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    made = call.with_changes(func=call.func.with_changes(attr=cst.Name("makedirs")), args=kept)
+    return append_arg(made, keyword("exist_ok", cst.Name("True")))
+
+
+_KEPT_KEYWORDS = {"mode", "exist_ok"}
+
+
+def _tested_missing(tree: Tree, call: cst.Call, path: str) -> bool:
+    """`call` is a statement of the body of `if not os.path.exists(path):` (or `isdir`)."""
+    node: cst.CSTNode = call
+    while isinstance(node, _BETWEEN_CALL_AND_IF) or node is call:
+        node = tree.parent.get(node)
+    if not isinstance(node, cst.If) or not isinstance(node.test, cst.UnaryOperation):
+        return False
+    tested = node.test.expression
+    return (
+        tree.inside(call, node.body)
+        and isinstance(node.test.operator, cst.Not)
+        and isinstance(tested, cst.Call)
+        and tree.qualify(tested.func) in ("os.path.exists", "os.path.isdir")
+        and len(tested.args) == 1
+        and tree.code(tested.args[0].value) == path
+    )
+
+
+# What lies between `os.mkdir(d)` and the `if` whose body holds it as a statement.
+_BETWEEN_CALL_AND_IF = (
+    cst.Expr,
+    cst.SimpleStatementLine,
+    cst.SimpleStatementSuite,
+    cst.IndentedBlock,
+)
 
 
 def _report_exit(tree: Tree, plan: Plan, statement: cst.BaseStatement) -> None:
