@@ -29,7 +29,7 @@ import libcst as cst
 from libcst._nodes.base import CSTNode
 
 from ddpify.guarded import Beside, can_fork
-from ddpify.libcst_speed import parse_module
+from ddpify.libcst_speed import field_names, parse_module
 
 # The share of the text parsed here: the child also pickles its part (about half a
 # parse's cost) and this process unpickles it (about a quarter).
@@ -128,8 +128,7 @@ def _reducers() -> dict[type, object]:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
         if dataclasses.is_dataclass(cls):
-            names = tuple(field.name for field in dataclasses.fields(cls))
-            reducers[cls] = functools.partial(_reduce, cls, names)
+            reducers[cls] = functools.partial(_reduce, cls, field_names(cls))
     return reducers
 
 

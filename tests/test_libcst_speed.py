@@ -6,7 +6,7 @@ import libcst as cst
 import pytest
 from libcst._nodes.base import CSTNode
 
-from ddpify.libcst_speed import parse_module
+from ddpify.libcst_speed import clone, field_names, parse_module
 from tests.helpers import FIXTURES
 
 
@@ -46,3 +46,33 @@ def test_a_syntax_error_is_libcsts_own():
         parse_module("def broken(:\n")
     with pytest.raises(cst.CSTValidationError):  # and the check is back on after it
         cst.SimpleWhitespace("x")
+
+
+def _nodes(node: CSTNode) -> list[CSTNode]:
+    found = [node]
+    for child in node.children:
+        found.extend(_nodes(child))
+    return found
+
+
+def _layout(node: object) -> object:
+    """Each node's class and each field's value, containers' types included."""
+    if isinstance(node, CSTNode):
+        return (
+            type(node),
+            {name: _layout(getattr(node, name)) for name in field_names(type(node))},
+        )
+    if isinstance(node, (list, tuple)):
+        return (type(node), [_layout(item) for item in node])
+    return node
+
+
+@pytest.mark.parametrize(
+    "path", sorted((FIXTURES / "migrate").glob("*/after.py"))[:10], ids=lambda p: p.parent.name
+)
+def test_a_clone_is_libcsts_deep_clone_with_no_node_shared(path):
+    module = parse_module(path.read_text())
+    copy = clone(module)
+    assert _layout(copy) == _layout(module.deep_clone())
+    assert copy.code == module.code
+    assert not {id(n) for n in _nodes(copy)} & {id(n) for n in _nodes(module)}

@@ -1,7 +1,8 @@
 """The indexes the analysis answers from give the answers a plain walk gives: `within`
 (the nodes inside a container, told by positional parents), the per-type node lists a
 kind is read from, each call's dotted and qualified name, the callers index behind the
-roles' reaching functions, and the names an import line holds."""
+roles' reaching functions, the names an import line holds, the calls to some names
+and the identifiers a module spells."""
 
 from __future__ import annotations
 
@@ -122,6 +123,21 @@ def test_each_call_has_its_dotted_and_qualified_name(tree):
     calls = [n for n in tree.nodes if isinstance(n, cst.Call)]
     assert tree.call_names() == [(c, dotted(c.func), tree.qualify(c.func)) for c in calls]
     assert tree.qualified_calls() == [(c, tree.qualify(c.func)) for c in calls]
+
+
+@pytest.mark.parametrize("tree", _trees())
+def test_calls_to_some_names_are_their_calls_in_source_order(tree):
+    calls = [n for n in tree.nodes if isinstance(n, cst.Call)]
+    names = sorted({tree.qualify(c.func) for c in calls} - {None})
+    assert len(names) >= 2
+    for asked in [names[:1], names[-2:], [names[1], names[0], names[1]], ["no.such.call"]]:
+        expected = [c for c in calls if tree.qualify(c.func) in asked]
+        assert tree.calls_to(*asked) == expected
+
+
+@pytest.mark.parametrize("tree", _trees())
+def test_names_are_the_identifiers_a_walk_finds(tree):
+    assert tree.names() == {n.value for n in tree.nodes if isinstance(n, cst.Name)}
 
 
 def _reaching_by_fixpoint(tree: Tree, calls: list[cst.Call]) -> frozenset[str]:

@@ -64,6 +64,8 @@ class Tree:
         self._nodes: list[cst.CSTNode] | None = None
         self._parent_ids: list[int] | None = None
         self._call_names: list[tuple[cst.Call, str | None, str | None]] | None = None
+        self._calls_by_name: dict[str | None, list[int]] | None = None
+        self._names: frozenset[str] | None = None
         self._top_functions: dict[str, cst.FunctionDef] | None = None
         self.imports = ImportMap()
         self._view: ProjectView | None = None
@@ -84,6 +86,8 @@ class Tree:
         tree._nodes = None
         tree._parent_ids = None
         tree._call_names = None
+        tree._calls_by_name = None
+        tree._names = None
         tree._top_functions = None
         tree._view = None
         tree.parent = parents  # read only, like the engine's own use of it
@@ -286,8 +290,27 @@ class Tree:
             self._by_kind[kind] = found
         return found
 
+    def names(self) -> frozenset[str]:
+        """Every identifier the module spells: variables, attributes (`nn.BatchNorm2d`
+        gives `nn` and `BatchNorm2d`), keywords of calls. What passes ask before a search
+        (not the module's text: rendering it costs more than the search it spares)."""
+        if self._names is None:
+            self._names = frozenset().union(*(segment.names() for segment in self._segments))
+        return self._names
+
     def calls_to(self, *names: str) -> list[cst.Call]:
-        return [call for call, _, name in self.call_names() if name in names]
+        """The calls whose callee qualifies to one of `names`, in source order."""
+        if self._calls_by_name is None:
+            # Passes ask per name, many times per tree: index the calls once.
+            by_name: dict[str | None, list[int]] = {}
+            for index, (_, _, name) in enumerate(self.call_names()):
+                by_name.setdefault(name, []).append(index)
+            self._calls_by_name = by_name
+        places = [i for name in dict.fromkeys(names) for i in self._calls_by_name.get(name, ())]
+        if len(names) > 1:
+            places.sort()
+        triples = self.call_names()
+        return [triples[i][0] for i in places]
 
     def qualified_calls(self) -> list[tuple[cst.Call, str | None]]:
         """Every call, in source order, with `qualify(call.func)`."""
@@ -440,6 +463,7 @@ class _Segment:
         "_calls",
         "_parent_ids",
         "_order",
+        "_names",
     )
 
     def __init__(self, statement: cst.CSTNode, walked: _Walked | None = None) -> None:
@@ -454,6 +478,7 @@ class _Segment:
         self._calls: list[tuple[cst.Call, str | None]] | None = None
         self._parent_ids: list[int] | None = None
         self._order: dict[cst.CSTNode, int] | None = None
+        self._names: frozenset[str] | None = None
         if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
             self.imports.append(statement)
         self._walk(statement, walked)
@@ -510,6 +535,7 @@ class _Segment:
         segment._by_type, segment._kinds, segment._calls = None, {}, None
         segment._parent_ids = None
         segment._order = None
+        segment._names = None
         return segment
 
     def order(self) -> dict[cst.CSTNode, int]:
@@ -525,9 +551,10 @@ class _Segment:
             # one pass groups the nodes by type, so a kind costs its own nodes, not a
             # scan of the segment per kind asked.
             by_type = self._types_at()
-            places = [by_type[t] for t in by_type if issubclass(t, kind)]
+            answers = _kind_answers(kind)
+            places = [at for t, at in by_type.items() if _is_kind(answers, t, kind)]
             found = []
-            if self.statement is not None and issubclass(type(self.statement), kind):
+            if self.statement is not None and _is_kind(answers, type(self.statement), kind):
                 found.append(self.statement)
             if len(places) == 1:
                 inner = self.inner
@@ -550,6 +577,11 @@ class _Segment:
                     at.append(index)
             self._by_type = by_type
         return self._by_type
+
+    def names(self) -> frozenset[str]:
+        if self._names is None:
+            self._names = frozenset(name.value for name in self.of_kind(cst.Name))
+        return self._names
 
     def parent_ids(self) -> list[int]:
         """`id` of each parent in `parents` (kept with the segment, so reused with it)."""
@@ -574,6 +606,13 @@ def _kind_answers(kind: type) -> dict[type, bool]:
     if answers is None:
         answers = _KIND_ANSWERS[kind] = {}
     return answers
+
+
+def _is_kind(answers: dict[type, bool], node_type: type, kind: type) -> bool:
+    found = answers.get(node_type)
+    if found is None:
+        found = answers[node_type] = issubclass(node_type, kind)
+    return found
 
 
 class _Walked:

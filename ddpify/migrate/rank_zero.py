@@ -253,7 +253,8 @@ def _has_buffers(tree: Tree) -> bool:
     cache = tree.__dict__.setdefault("_rank_zero_buffers", [])
     if not cache:
         trees = tree.trees
-        cache.append(any(word in t.text for t in trees for word in BUFFER_WORDS))
+        names = frozenset().union(*(t.names() for t in trees))
+        cache.append(any(word in name for name in names for word in BUFFER_WORDS))
     return cache[0]
 
 

@@ -6,7 +6,7 @@ import functools
 
 import libcst as cst
 
-from ddpify.libcst_speed import parse_module
+from ddpify.libcst_speed import clone, parse_module
 from ddpify.migrate.analyze import SETUP_FUNCTION
 
 ENV_COMMENT = (
@@ -88,7 +88,7 @@ def statement(code: str) -> cst.BaseStatement:
 
 
 def expression(code: str) -> cst.BaseExpression:
-    return _parsed_expression(code).deep_clone()
+    return clone(_parsed_expression(code))
 
 
 # A pass builds the same snippet once per site (`if RANK == 0:` around every print): parse
@@ -105,7 +105,7 @@ def _parsed_template(code: str) -> cst.Module:
 
 
 def _parsed_module(code: str) -> cst.Module:
-    return _parsed_template(code).deep_clone()
+    return clone(_parsed_template(code))
 
 
 def setup_function(dist: str, cuda: bool) -> list[cst.BaseStatement]:

@@ -31,7 +31,7 @@ NAME = "wrap"
 
 def run(tree: Tree, plan: Plan) -> Edits:
     edits = Edits()
-    if not plan.shape.converts or ("isinstance(" not in tree.text and "type(" not in tree.text):
+    if not plan.shape.converts or not {"isinstance", "type"} & tree.names():
         return edits
     subclasses = data_parallel_subclasses(tree)
     for node in _candidate_tests(tree):
@@ -65,7 +65,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
 def _candidate_tests(tree: Tree) -> list:
     """`isinstance(...)` calls and comparisons of `type(...)`, in source order."""
     calls = [call for call, path, _ in tree.call_names() if path == "isinstance"]
-    if "type(" not in tree.text:
+    if "type" not in tree.names():
         return calls
     compared = tree.find(cst.Comparison)  # data_parallel_test reads each one's shape only
     return sorted(calls + compared, key=tree.order.__getitem__)

@@ -40,7 +40,7 @@ def run(tree: Tree, plan: Plan) -> Edits:
     if tree.calls_to("copy.deepcopy"):
         _copies_of_wrappers(tree, plan, edits)
         _copies_in_receivers(tree, plan, edits)
-    if "getattr(" in tree.text:
+    if "getattr" in tree.names():
         _networks_fetched_by_name(tree, plan, edits)
     return edits
 

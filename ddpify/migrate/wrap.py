@@ -192,7 +192,7 @@ def _note_batch_norm_on_cpu(tree: Tree, plan: Plan, wrapped: list[str]) -> None:
     the wrapped models that hold BatchNorm."""
     if not plan.options.sync_bn or runs_on_cuda(tree):
         return
-    if "convert_sync_batchnorm" in tree.text:
+    if "convert_sync_batchnorm" in tree.names():
         return
     models = sorted({name for name in wrapped if may_hold_batch_norm(tree, name)})
     if not models:
@@ -211,7 +211,7 @@ def _wants_sync_bn(tree: Tree, plan: Plan, model: str | None) -> bool:
     """Whether `model` (the name the wrap rebinds) gets a SyncBatchNorm conversion."""
     if not plan.options.sync_bn or not plan.shape.converts or not runs_on_cuda(tree):
         return False
-    if "convert_sync_batchnorm" in tree.text:
+    if "convert_sync_batchnorm" in tree.names():
         return False
     return may_hold_batch_norm(tree, model)
 
