@@ -117,6 +117,39 @@ def test_a_walk_made_trees_ago_is_copied_and_answers_as_a_fresh_walk(monkeypatch
     assert _answers(third) == _answers(Tree(third_module))
 
 
+def test_imports_inside_a_copied_walk_are_the_trees_imports(monkeypatch):
+    """An import inside a statement whose walk is copied (a function rebuilt around an
+    untouched `if` that imports) is still one of the tree's imports, two trees on."""
+    from ddpify.analysis import tree as tree_module
+
+    copied = []
+    real = tree_module._Segment._copy
+
+    def counting(self, node, *args):
+        copied.append(node)
+        return real(self, node, *args)
+
+    monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    first = Tree(
+        cst.parse_module(
+            "def setup(distributed):\n"
+            "    print('setting up')\n"
+            "    if distributed:\n"
+            "        import torch.distributed as dist\n"
+            "        from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "    return 1\n"
+        )
+    )
+    trees = [first]
+    for _ in range(2):
+        module = _edited(trees[-1])
+        trees.append(Tree(module, previous=trees[-1]))
+        assert _answers(trees[-1]) == _answers(Tree(module))
+    assert any(isinstance(node, cst.If) for node in copied)
+    assert trees[-1].imports.aliases["dist"] == "torch.distributed"
+    assert trees[-1].imports.aliases["DDP"].endswith("DistributedDataParallel")
+
+
 def test_a_parent_map_edited_from_the_previous_tree_is_the_one_a_fresh_walk_makes(
     monkeypatch,
 ):

@@ -113,9 +113,7 @@ def _chosen_optimizer(view, call: cst.Call) -> bool:
     that form for the module it is passed (`get_instance(torch.optim, "optimizer", config,
     params)`): an optimizer whatever class the configuration names (torch.optim holds
     little else: its schedulers live in `torch.optim.lr_scheduler`)."""
-    if not isinstance(call.func, cst.Call) and not any(
-        _ends_with_optim(arg.value) for arg in call.args
-    ):
+    if type(call.func) is not cst.Call and not any(_ends_with_optim(a.value) for a in call.args):
         return False  # cheap test first: asked for every call of the project
     # loader_classes reads this module's loaders: imported here, not at the top.
     from ddpify.analysis.loader_classes import module_chosen_from

@@ -457,6 +457,7 @@ class _Segment:
         "inner",
         "parents",
         "imports",
+        "import_places",
         "spans",
         "_by_type",
         "_kinds",
@@ -471,6 +472,7 @@ class _Segment:
         self.inner: list[cst.CSTNode] = []
         self.parents: list[cst.CSTNode] = []
         self.imports: list[cst.CSTNode] = []
+        self.import_places: list[int] = []  # each import's index in `inner` (-1: the statement)
         # Each statement inside -> where its walk (itself, then its nodes) is in `inner`.
         self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
         self._by_type: dict[type, list[int]] | None = None
@@ -481,6 +483,7 @@ class _Segment:
         self._names: frozenset[str] | None = None
         if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
             self.imports.append(statement)
+            self.import_places.append(-1)
         self._walk(statement, walked)
 
     def _walk(self, statement: cst.CSTNode, walked: _Walked | None) -> None:
@@ -504,25 +507,23 @@ class _Segment:
             parents.append(parent)
             if type(node) in _IMPORTS:
                 self.imports.append(node)
+                self.import_places.append(len(inner) - 1)
             stack.extend((child, node) for child in reversed(list(children(node))))
 
     def _copy(self, node, parent, segment: _Segment, start: int, stop: int) -> None:
+        """The walk of `node`, copied from `segment`'s, where it is `start:stop`. Only
+        `node`'s own span is recorded: the statements inside are found where they were
+        first walked (_Walked keeps the first segment that walked each one)."""
         here = len(self.inner)
-        copied = segment.inner[start:stop]
-        self.inner.extend(copied)
+        self.inner.extend(segment.inner[start:stop])
         self.parents.append(parent)
         self.parents.extend(segment.parents[start + 1 : stop])
         self.spans[node] = (here, len(self.inner))
-        # The statements inside keep their spans, so a later tree can copy them too.
         shift = here - start
-        for inside in copied:
-            kind = type(inside)
-            if kind in _STATEMENTS:
-                span = segment.spans.get(inside)
-                if span is not None:
-                    self.spans.setdefault(inside, (span[0] + shift, span[1] + shift))
-            elif kind in _IMPORTS:
+        for inside, place in zip(segment.imports, segment.import_places):
+            if start <= place < stop:
                 self.imports.append(inside)
+                self.import_places.append(place + shift)
 
     @classmethod
     def flat(cls, nodes: list[cst.CSTNode]) -> _Segment:
@@ -531,6 +532,7 @@ class _Segment:
         segment = cls.__new__(cls)
         segment.statement = None
         segment.inner, segment.parents, segment.imports = nodes, [], []
+        segment.import_places = []
         segment.spans = {}
         segment._by_type, segment._kinds, segment._calls = None, {}, None
         segment._parent_ids = None
@@ -552,7 +554,13 @@ class _Segment:
             # scan of the segment per kind asked.
             by_type = self._types_at()
             answers = _kind_answers(kind)
-            places = [at for t, at in by_type.items() if _is_kind(answers, t, kind)]
+            places = []
+            for node_type, at in by_type.items():
+                matches = answers.get(node_type)
+                if matches is None:
+                    matches = answers[node_type] = issubclass(node_type, kind)
+                if matches:
+                    places.append(at)
             found = []
             if self.statement is not None and _is_kind(answers, type(self.statement), kind):
                 found.append(self.statement)
