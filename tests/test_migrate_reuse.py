@@ -17,7 +17,7 @@ from ddpify.gates import GateError, comments
 from ddpify.migrate import migrate_source
 from ddpify.migrate.edits import Edits
 from ddpify.migrate.pipeline import PASSES
-from ddpify.migrate.snippets import expression, statement
+from ddpify.migrate.snippets import expression, nested_under, statement
 from tests.helpers import FIXTURES
 
 SCRIPT = (FIXTURES / "migrate" / "single_main_argparse" / "before.py").read_text()
@@ -66,6 +66,28 @@ def test_a_tree_reusing_the_previous_walk_answers_as_a_fresh_one():
     assert all(reused._segment_of[s] is before._segment_of[s] for s in unchanged)
     for container in [*fresh.find(cst.FunctionDef), *fresh.find(cst.For)]:
         assert list(reused.within(container)) == list(fresh.within(container))
+
+
+def test_edits_applied_along_their_paths_give_libcsts_full_visit():
+    """Edits of every kind, at several depths: rebuilding only the paths down to them
+    gives the module that visiting every node gives, and leaves the rest as it was."""
+    tree = Tree(cst.parse_module(SCRIPT))
+    edits = Edits()
+    calls = tree.find(cst.Call)
+    prints = [c for c in calls if isinstance(c.func, cst.Name) and c.func.value == "print"]
+    functions = tree.find(cst.FunctionDef)
+    assert prints and len(functions) >= 2 and len(calls) > 4
+    edits.group([tree.statement(prints[0])], nested_under(statement("if RANK == 0:\n    pass\n")))
+    edits.removed.add(tree.statement(calls[len(calls) // 2]))
+    edits.after[tree.statement(calls[0])].append(statement("log('after')\n"))
+    edits.prepend[functions[1]].append(statement("begin()\n"))
+    edits.replace(calls[-1].func, expression("replaced"))
+    edits.before[tree.module.body[-1]].append(statement("import os\n"))
+    along = edits.apply(tree.module, tree.parent)
+    visited = edits.apply(tree.module)
+    assert along.deep_equals(visited) and along.code == visited.code != tree.module.code
+    kept = [s for s in along.body if any(s is old for old in tree.module.body)]
+    assert kept and len(kept) < len(along.body)
 
 
 def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypatch):

@@ -14,6 +14,8 @@ from typing import Callable, Union
 
 import libcst as cst
 
+from ddpify.libcst_speed import field_names
+
 Replacement = Union[cst.CSTNode, Callable[[cst.CSTNode], cst.CSTNode]]
 Builder = Callable[[list[cst.BaseStatement]], list[cst.BaseStatement]]
 
@@ -58,8 +60,9 @@ class Edits:
         of the tree is reused as it is, so a pass costs what it edits, not the file."""
         if not self:
             return module
-        dirty = self._dirty(parents) if parents is not None else None
-        return module.visit(_Apply(self, dirty, parents))
+        if parents is None:
+            return module.visit(_Apply(self, None))
+        return _Apply(self, self._dirty(parents)).rebuilt(module)
 
     def _dirty(self, parents: Mapping) -> set[cst.CSTNode]:
         """Every edited node, the block around each statement edited at block level, and
@@ -75,15 +78,26 @@ class Edits:
 
 
 class _Apply(cst.CSTTransformer):
-    def __init__(self, edits: Edits, dirty: set | None, known: Mapping | None) -> None:
+    def __init__(self, edits: Edits, dirty: set | None) -> None:
         super().__init__()
         self.edits = edits
         self.dirty = dirty
-        self.known = known
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        # Formatting nodes (unknown to the tree's walk) hold no syntax: visiting is cheap.
-        return self.dirty is None or node in self.dirty or node not in self.known
+    def rebuilt(self, node: cst.CSTNode) -> cst.CSTNode:
+        """`node.visit(self)` for a node on a path to an edit, entering only the children
+        on such a path (libcst's visit enters, rebuilds and leaves every child of a node
+        it enters: the statements of a whole block for one edit in it)."""
+        dirty = self.dirty
+        assert dirty is not None
+        changes = {}
+        for name in field_names(type(node)):
+            value = getattr(node, name)
+            if type(value) in (list, tuple):
+                if any(item in dirty for item in value):
+                    changes[name] = [self.rebuilt(i) if i in dirty else i for i in value]
+            elif value in dirty:
+                changes[name] = self.rebuilt(value)
+        return self.on_leave(node, node.with_changes(**changes) if changes else node)
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         edits = self.edits
