@@ -135,9 +135,25 @@ def test_calls_to_some_names_are_their_calls_in_source_order(tree):
         assert tree.calls_to(*asked) == expected
 
 
+def _calls_a_call(call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Call) or any(isinstance(a.value, cst.Call) for a in call.args)
+
+
+@pytest.mark.parametrize("tree", _trees())
+def test_calls_where_a_test_holds_are_those_a_filter_keeps(tree):
+    calls = [n for n in tree.nodes if isinstance(n, cst.Call)]
+    expected = [c for c in calls if _calls_a_call(c)]
+    assert expected and len(expected) < len(calls)
+    assert tree.calls_where(_calls_a_call) == expected
+    assert tree.calls_where(_calls_a_call) == expected  # kept per segment
+
+
 @pytest.mark.parametrize("tree", _trees())
 def test_names_are_the_identifiers_a_walk_finds(tree):
     assert tree.names() == {n.value for n in tree.nodes if isinstance(n, cst.Name)}
+    for node in [*tree.module.body, *tree.find(cst.Call)[:20]]:
+        found = {n.value for n in _descendants(node) if isinstance(n, cst.Name)}
+        assert tree.names_in(node) == found
 
 
 def _reaching_by_fixpoint(tree: Tree, calls: list[cst.Call]) -> frozenset[str]:

@@ -171,12 +171,10 @@ def _module_constants(node: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]
     ]
 
 
-def _names_in(view, node: cst.CSTNode) -> set[str]:
+def _names_in(view, node: cst.CSTNode) -> frozenset[str]:
     """Every name in `node` (the last part of each attribute; bases included), not the
     name it defines."""
-    found = {name.value for name in view.within(node, cst.Name)}
-    found.discard(getattr(getattr(node, "name", None), "value", None))
-    return found
+    return view.names_in(node) - {getattr(getattr(node, "name", None), "value", None)}
 
 
 def _bindings(view) -> dict[str, list[cst.BaseExpression]]:

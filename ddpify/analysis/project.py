@@ -360,6 +360,9 @@ class ProjectView:
     def find(self, kind: type, where: Callable[[cst.CSTNode], bool] | None = None) -> list:
         return [node for tree in self.trees for node in tree.find(kind, where)]
 
+    def calls_where(self, test: Callable[[cst.Call], bool]) -> list[cst.Call]:
+        return [call for tree in self.trees for call in tree.calls_where(test)]
+
     def calls_to(self, *names: str) -> list[cst.Call]:
         return [call for tree in self.trees for call in tree.calls_to(*names)]
 
@@ -398,6 +401,9 @@ class ProjectView:
 
     def code(self, node: cst.CSTNode) -> str:
         return self._on_owner(node, "code", default="")
+
+    def names_in(self, node: cst.CSTNode) -> frozenset[str]:
+        return self._on_owner(node, "names_in", default=frozenset())
 
     def qualify(self, expr: cst.BaseExpression) -> str | None:
         return self._on_owner(expr, "qualify")

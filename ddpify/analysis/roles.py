@@ -96,14 +96,18 @@ def is_optimizer(qualified: str | None) -> bool:
 
 
 def _optimizer_calls(view) -> list[cst.Call]:
-    # The view's calls qualified once (per tree), each qualified name judged once.
+    # The view's calls qualified once (per tree), each qualified name judged once; the
+    # calls that may choose their class by configuration found once per statement.
     judged: dict[str | None, bool] = {}
+    may_choose = {id(call) for call in view.calls_where(_may_choose_optimizer)}
     found = []
     for call, name in view.qualified_calls():
         verdict = judged.get(name)
         if verdict is None:
             verdict = judged[name] = is_optimizer(name)
-        if (verdict or _chosen_optimizer(view, call)) and _project_code(view, call):
+        if not verdict and id(call) in may_choose:
+            verdict = _chosen_optimizer(view, call)
+        if verdict and _project_code(view, call):
             found.append(call)
     return found
 
@@ -113,12 +117,17 @@ def _chosen_optimizer(view, call: cst.Call) -> bool:
     that form for the module it is passed (`get_instance(torch.optim, "optimizer", config,
     params)`): an optimizer whatever class the configuration names (torch.optim holds
     little else: its schedulers live in `torch.optim.lr_scheduler`)."""
-    if type(call.func) is not cst.Call and not any(_ends_with_optim(a.value) for a in call.args):
-        return False  # cheap test first: asked for every call of the project
+    if not _may_choose_optimizer(call):
+        return False
     # loader_classes reads this module's loaders: imported here, not at the top.
     from ddpify.analysis.loader_classes import module_chosen_from
 
     return module_chosen_from(view, call) == "torch.optim"
+
+
+def _may_choose_optimizer(call: cst.Call) -> bool:
+    """The syntax `_chosen_optimizer` needs: a call of a call, or a `...optim` argument."""
+    return type(call.func) is cst.Call or any(_ends_with_optim(a.value) for a in call.args)
 
 
 def _ends_with_optim(expr: cst.BaseExpression) -> bool:

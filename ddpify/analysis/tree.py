@@ -298,6 +298,19 @@ class Tree:
             self._names = frozenset().union(*(segment.names() for segment in self._segments))
         return self._names
 
+    def names_in(self, node: cst.CSTNode) -> frozenset[str]:
+        """The identifiers inside `node`: for a top-level statement, its segment's (kept
+        with the segment, so a definition a pass left alone costs nothing again)."""
+        segment = self._segment_of.get(node)
+        if segment is not None:
+            return segment.names()
+        return frozenset(name.value for name in self.within(node, cst.Name))
+
+    def calls_where(self, test: Callable[[cst.Call], bool]) -> list[cst.Call]:
+        """The calls `test` holds for, in source order. `test` reads the call's own syntax
+        alone (no tree), so its answers are kept per segment and test."""
+        return [call for segment in self._segments for call in segment.calls_where(test)]
+
     def calls_to(self, *names: str) -> list[cst.Call]:
         """The calls whose callee qualifies to one of `names`, in source order."""
         if self._calls_by_name is None:
@@ -465,6 +478,7 @@ class _Segment:
         "_parent_ids",
         "_order",
         "_names",
+        "_calls_where",
     )
 
     def __init__(self, statement: cst.CSTNode, walked: _Walked | None = None) -> None:
@@ -481,6 +495,7 @@ class _Segment:
         self._parent_ids: list[int] | None = None
         self._order: dict[cst.CSTNode, int] | None = None
         self._names: frozenset[str] | None = None
+        self._calls_where: dict[Callable, list[cst.Call]] = {}
         if type(statement) in _IMPORTS:  # not isinstance: ABCMeta's check is slow here
             self.imports.append(statement)
             self.import_places.append(-1)
@@ -538,6 +553,7 @@ class _Segment:
         segment._parent_ids = None
         segment._order = None
         segment._names = None
+        segment._calls_where = {}
         return segment
 
     def order(self) -> dict[cst.CSTNode, int]:
@@ -585,6 +601,12 @@ class _Segment:
                     at.append(index)
             self._by_type = by_type
         return self._by_type
+
+    def calls_where(self, test: Callable[[cst.Call], bool]) -> list[cst.Call]:
+        found = self._calls_where.get(test)
+        if found is None:
+            found = self._calls_where[test] = [c for c in self.of_kind(cst.Call) if test(c)]
+        return found
 
     def names(self) -> frozenset[str]:
         if self._names is None:
