@@ -74,15 +74,22 @@ def _is_node(value_type: type) -> bool:
     return known
 
 
-def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+def child_list(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The syntax children of `node`, in source order (a list: a walk asks for every
+    node's, and a generator's resumptions cost more than building it)."""
+    found: list[cst.CSTNode] = []
     for name in _child_fields(type(node)):
         value = getattr(node, name)
-        if _is_node(type(value)):
-            yield value
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                if _is_node(type(item)):
-                    yield item
+        value_type = type(value)
+        if _is_node(value_type):
+            found.append(value)
+        elif value_type is tuple or value_type is list:
+            found.extend([item for item in value if _is_node(type(item))])
+    return found
+
+
+def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    return iter(child_list(node))
 
 
 def subtree(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
@@ -91,7 +98,7 @@ def subtree(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(reversed(list(children(node))))
+        stack.extend(reversed(child_list(node)))
 
 
 def walk(

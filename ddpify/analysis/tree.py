@@ -14,7 +14,7 @@ import libcst as cst
 from ddpify.analysis.names import CANONICAL, ImportMap, dotted
 from ddpify.codegen import node_code
 from ddpify.libcst_speed import parse_module
-from ddpify.walk import children, walk
+from ddpify.walk import child_list, children, walk
 
 if TYPE_CHECKING:
     from ddpify.analysis.project import ProjectView
@@ -506,7 +506,7 @@ class _Segment:
         tree walked (the same object: a pass rebuilt only the path to its edit) is copied
         from that walk, not walked again."""
         inner, parents, spans = self.inner, self.parents, self.spans
-        stack: list = [(child, statement) for child in reversed(list(children(statement)))]
+        stack: list = [(child, statement) for child in reversed(child_list(statement))]
         while stack:
             node, parent = stack.pop()
             if node is None:  # the end of a statement's walk: `parent` is (it, start)
@@ -523,7 +523,10 @@ class _Segment:
             if type(node) in _IMPORTS:
                 self.imports.append(node)
                 self.import_places.append(len(inner) - 1)
-            stack.extend((child, node) for child in reversed(list(children(node))))
+            below = child_list(node)
+            if below:
+                below.reverse()
+                stack.extend([(child, node) for child in below])
 
     def _copy(self, node, parent, segment: _Segment, start: int, stop: int) -> None:
         """The walk of `node`, copied from `segment`'s, where it is `start:stop`. Only
