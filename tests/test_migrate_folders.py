@@ -167,6 +167,7 @@ def test_a_make_left_to_every_rank_under_a_missing_test_tolerates_the_folder_mad
         changed = [c for c in result.changes if c.pass_name == "folders"]
         assert [c.anchor for c in changed] == [race_free]
         assert "exist_ok=True" in changed[0].description
+        assert ("missing parent folders" in changed[0].description) == ("mkdir" in make)
 
 
 def test_a_make_whose_test_is_not_of_that_folder_is_reported_not_changed():

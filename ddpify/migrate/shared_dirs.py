@@ -84,7 +84,10 @@ def _leave_to_every_rank(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -
     race_free = _race_free_make(tree, call)
     if race_free is not None:
         edits.replace(call, race_free)
-        plan.change(NAME, _RACE_FREE_WHY, tree.code(race_free))
+        why = _RACE_FREE_WHY
+        if tree.qualify(call.func) == "os.mkdir":
+            why += _MKDIR_WIDENED
+        plan.change(NAME, why, tree.code(race_free))
         return
     plan.needs_human(
         "every rank removes or makes this folder, and they race (one rank removes what "
@@ -100,9 +103,9 @@ def _leave_to_every_rank(tree: Tree, plan: Plan, edits: Edits, call: cst.Call) -
 _RACE_FREE_WHY = (
     "every rank still makes this folder when the test above finds it missing, now with "
     "os.makedirs(..., exist_ok=True): a rank that loses the race finds it made instead of "
-    "stopping with FileExistsError (os.makedirs also makes missing parent folders, where "
-    "os.mkdir stopped with an error)"
+    "stopping with FileExistsError"
 )
+_MKDIR_WIDENED = " (os.makedirs also makes missing parent folders, where os.mkdir stopped)"
 
 
 def _race_free_make(tree: Tree, call: cst.Call) -> cst.Call | None:
