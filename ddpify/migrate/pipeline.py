@@ -117,9 +117,9 @@ def _migrate_sources(
     names = list(texts)
     several = len(names) > 1
     # A large input's compile and render are checked in a forked child while this process
-    # builds its tree and analyses the project (seconds each on 100k lines): it must
-    # compile and render back to its text. A second run's input (the output, parsed by
-    # the output gate) is compiled and mostly rendered already.
+    # builds its tree, analyses the project and runs the passes (seconds each on 100k
+    # lines): it must compile and render back to its text. A second run's input (the
+    # output, parsed by the output gate) is compiled and mostly rendered already.
     if parsed is None:
         beside = [len(texts[name]) >= PARALLEL_CHARS for name in names]
         parsed = [
@@ -144,21 +144,24 @@ def _migrate_sources(
                 ]
             )
             plans = analyze_project(trees, options)
-        finally:  # before any other verdict: a text that does not round-trip is not read
+            for pass_name, run in passes:
+                changed = False
+                for index, name in enumerate(names):
+                    tree, plan = trees[index], plans[index]
+                    module = _in_file(name, several, _run_pass, pass_name, run, tree, plan)
+                    if module is not tree.module:
+                        trees[index] = Tree(module, previous=tree, render=render.code)
+                        changed = True
+                        stages[name].append((pass_name, module))
+                if changed:
+                    trees = link(trees)
+        finally:
+            # Before any other verdict (a text that does not round-trip is not read), but
+            # after the passes: a large input's compile and render beside take about as
+            # long as its analysis and passes, not its analysis alone.
             for name, (code, compile_error) in zip(names, _all_called(rendered)):
                 _in_file(name, several, require_compiles, compile_error)
                 _in_file(name, several, require_roundtrip, code, texts[name])
-        for pass_name, run in passes:
-            changed = False
-            for index, name in enumerate(names):
-                tree, plan = trees[index], plans[index]
-                module = _in_file(name, several, _run_pass, pass_name, run, tree, plan)
-                if module is not tree.module:
-                    trees[index] = Tree(module, previous=tree, render=render.code)
-                    changed = True
-                    stages[name].append((pass_name, module))
-            if changed:
-                trees = link(trees)
     except NotMigrated as exc:
         return [
             MigrationResult(name, texts[name], texts[name], exc.shape.value, False, exc.reason)
