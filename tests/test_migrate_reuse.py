@@ -90,10 +90,8 @@ def test_edits_applied_along_their_paths_give_libcsts_full_visit():
     assert kept and len(kept) < len(along.body)
 
 
-def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypatch):
-    """A pass rebuilds the path to its edit: the statements beside it inside a function
-    are the same objects, and the next tree copies their walk; two generations on, the
-    trees still answer as fresh ones."""
+def _copies_spied(monkeypatch) -> list:
+    """The statements whose walk the trees made from now on copy (in order)."""
     from ddpify.analysis import tree as tree_module
 
     copied = []
@@ -104,6 +102,14 @@ def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypat
         return real(self, node, *args)
 
     monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    return copied
+
+
+def test_rebuilt_statements_copy_the_walks_of_the_statements_they_kept(monkeypatch):
+    """A pass rebuilds the path to its edit: the statements beside it inside a function
+    are the same objects, and the next tree copies their walk; two generations on, the
+    trees still answer as fresh ones."""
+    copied = _copies_spied(monkeypatch)
     first = Tree(cst.parse_module(SCRIPT))
     second = Tree(_edited(first), previous=first)
     assert copied  # the statements beside the guarded prints were not walked again
@@ -117,16 +123,7 @@ def test_a_walk_made_trees_ago_is_copied_and_answers_as_a_fresh_walk(monkeypatch
     """The walks a tree copies from are every walk of the run so far, not only the tree
     just before: a function's statements that the second tree dropped and the third put
     back in a new function are copied from the first tree's walk."""
-    from ddpify.analysis import tree as tree_module
-
-    copied = []
-    real = tree_module._Segment._copy
-
-    def counting(self, node, *args):
-        copied.append(node)
-        return real(self, node, *args)
-
-    monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    copied = _copies_spied(monkeypatch)
     first = Tree(cst.parse_module(SCRIPT))
     main = next(s for s in first.module.body if isinstance(s, cst.FunctionDef))
     dropped = first.module.with_changes(body=[s for s in first.module.body if s is not main])
@@ -142,16 +139,7 @@ def test_a_walk_made_trees_ago_is_copied_and_answers_as_a_fresh_walk(monkeypatch
 def test_imports_inside_a_copied_walk_are_the_trees_imports(monkeypatch):
     """An import inside a statement whose walk is copied (a function rebuilt around an
     untouched `if` that imports) is still one of the tree's imports, two trees on."""
-    from ddpify.analysis import tree as tree_module
-
-    copied = []
-    real = tree_module._Segment._copy
-
-    def counting(self, node, *args):
-        copied.append(node)
-        return real(self, node, *args)
-
-    monkeypatch.setattr(tree_module._Segment, "_copy", counting)
+    copied = _copies_spied(monkeypatch)
     first = Tree(
         cst.parse_module(
             "def setup(distributed):\n"
