@@ -170,10 +170,22 @@ def test_a_make_left_to_every_rank_under_a_missing_test_tolerates_the_folder_mad
         assert ("missing parent folders" in changed[0].description) == ("mkdir" in make)
 
 
+def test_a_missing_test_among_the_terms_of_an_and_is_enough():
+    for test in [
+        "if path and not os.path.exists(path):",
+        "if not os.path.isdir(path) and len(path) > 1 and path:",
+    ]:
+        result = migrate_source(_evaluating("os.makedirs(path)", test))
+        assert result.migrated, result.reason
+        assert "            os.makedirs(path, exist_ok=True)\n" in result.output
+        assert _races_reported(result) == []
+
+
 def test_a_make_whose_test_is_not_of_that_folder_is_reported_not_changed():
     for make, test in [
         ("os.mkdir(other)", "if not os.path.isdir(path):"),  # another folder
         ("os.mkdir(path)", "if os.path.isdir(path):"),  # not a test that it is missing
+        ("os.mkdir(path)", "if path or not os.path.isdir(path):"),  # may run when it exists
         ("os.mkdir(path, dir_fd=3)", "if not os.path.isdir(path):"),  # makedirs has no dir_fd
     ]:
         result = migrate_source(_evaluating(make, test))

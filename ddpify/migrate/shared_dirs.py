@@ -131,17 +131,30 @@ _KEPT_KEYWORDS = {"mode", "exist_ok"}
 
 
 def _tested_missing(tree: Tree, call: cst.Call, path: str) -> bool:
-    """`call` is a statement of the body of `if not os.path.exists(path):` (or `isdir`)."""
+    """`call` is a statement of the body of `if not os.path.exists(path):` (or `isdir`),
+    that test alone or one of the terms of an `and` (`if args.save and not ...:`)."""
     node: cst.CSTNode = call
     while isinstance(node, _BETWEEN_CALL_AND_IF) or node is call:
         node = tree.parent.get(node)
-    if not isinstance(node, cst.If) or not isinstance(node.test, cst.UnaryOperation):
+    if not isinstance(node, cst.If) or not tree.inside(call, node.body):
         return False
-    tested = node.test.expression
+    return any(_finds_missing(tree, term, path) for term in _and_terms(node.test))
+
+
+def _and_terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """`a and b and c` -> [a, b, c]; any other test -> [test]."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return [*_and_terms(test.left), *_and_terms(test.right)]
+    return [test]
+
+
+def _finds_missing(tree: Tree, term: cst.BaseExpression, path: str) -> bool:
+    """`not os.path.exists(path)` or `not os.path.isdir(path)`."""
+    if not isinstance(term, cst.UnaryOperation) or not isinstance(term.operator, cst.Not):
+        return False
+    tested = term.expression
     return (
-        tree.inside(call, node.body)
-        and isinstance(node.test.operator, cst.Not)
-        and isinstance(tested, cst.Call)
+        isinstance(tested, cst.Call)
         and tree.qualify(tested.func) in ("os.path.exists", "os.path.isdir")
         and len(tested.args) == 1
         and tree.code(tested.args[0].value) == path
