@@ -181,6 +181,13 @@ class ImportMap:
         )
 
 
+def and_terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """`a and b and c` -> [a, b, c]; any other test -> [test]."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        return [*and_terms(test.left), *and_terms(test.right)]
+    return [test]
+
+
 def call_name(call: cst.Call, imports: ImportMap) -> str | None:
     return imports.qualify(call.func)
 

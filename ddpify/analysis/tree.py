@@ -573,13 +573,7 @@ class _Segment:
             # scan of the segment per kind asked.
             by_type = self._types_at()
             answers = _kind_answers(kind)
-            places = []
-            for node_type, at in by_type.items():
-                matches = answers.get(node_type)
-                if matches is None:
-                    matches = answers[node_type] = issubclass(node_type, kind)
-                if matches:
-                    places.append(at)
+            places = [at for t, at in by_type.items() if _is_kind(answers, t, kind)]
             found = []
             if self.statement is not None and _is_kind(answers, type(self.statement), kind):
                 found.append(self.statement)

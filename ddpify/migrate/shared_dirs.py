@@ -30,7 +30,7 @@ import libcst as cst
 
 from ddpify.analysis.downloads import runs_rank_zero_first_by_callers
 from ddpify.analysis.guards import rank_zero_scope
-from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.names import and_terms, dotted, find_arg
 from ddpify.analysis.roles import runs_model
 from ddpify.analysis.tree import Tree, names_in
 from ddpify.migrate import snippets
@@ -138,14 +138,7 @@ def _tested_missing(tree: Tree, call: cst.Call, path: str) -> bool:
         node = tree.parent.get(node)
     if not isinstance(node, cst.If) or not tree.inside(call, node.body):
         return False
-    return any(_finds_missing(tree, term, path) for term in _and_terms(node.test))
-
-
-def _and_terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """`a and b and c` -> [a, b, c]; any other test -> [test]."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return [*_and_terms(test.left), *_and_terms(test.right)]
-    return [test]
+    return any(_finds_missing(tree, term, path) for term in and_terms(node.test))
 
 
 def _finds_missing(tree: Tree, term: cst.BaseExpression, path: str) -> bool:

@@ -26,7 +26,7 @@ from ddpify.analysis.guards import (
     excludes_rank_zero,
     rank_zero_scope,
 )
-from ddpify.analysis.names import dotted, find_arg
+from ddpify.analysis.names import and_terms, dotted, find_arg
 from ddpify.analysis.training import parameter_index
 from ddpify.analysis.wrappers import Binding as WrapperBinding
 from ddpify.rules.base import Rule
@@ -427,13 +427,10 @@ def _required_names(ancestors: Sequence[cst.CSTNode]) -> Iterator[str]:
 
 def _conjuncts(test: cst.BaseExpression) -> Iterator[str]:
     """The names and attributes `test` requires: `a and b.c and f(x)` -> a, b.c."""
-    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
-        yield from _conjuncts(test.left)
-        yield from _conjuncts(test.right)
-        return
-    name = dotted(test)
-    if name is not None:
-        yield name
+    for term in and_terms(test):
+        name = dotted(term)
+        if name is not None:
+            yield name
 
 
 def _branch_closed_by(call: cst.CSTNode, function: cst.FunctionDef, ancestors: Ancestors) -> bool:
